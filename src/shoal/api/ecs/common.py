@@ -1,0 +1,91 @@
+"""Helpers shared by the ECS operations: lookups, pagination, tags, names."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+from sqlalchemy import select
+
+from shoal.api.operations import Context
+from shoal.domain import arns
+from shoal.domain.errors import ClusterNotFound, InvalidParameter
+from shoal.store.tables import clusters
+
+DEFAULT_CLUSTER = "default"
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
+
+
+def check_name(value: str, field: str, what: str) -> str:
+    if not NAME_RE.match(value):
+        raise InvalidParameter(
+            f"Invalid {field} '{value[:64]}{'…' if len(value) > 64 else ''}': a {what} name has 1 to 255 "
+            "characters: letters, numbers, hyphens and underscores."
+        )
+    return value
+
+
+def cluster_row(ctx: Context, ref: str | None, *, for_update: bool = False):
+    """The ACTIVE cluster named by `ref` (name or ARN; default cluster when omitted)."""
+    name = arns.short_name(ref, "cluster", "cluster") if ref else DEFAULT_CLUSTER
+    stmt = select(clusters).where(clusters.c.name == name)
+    if for_update:
+        stmt = stmt.with_for_update()
+    row = ctx.conn.execute(stmt).first()
+    if row is None or row.status != "ACTIVE":
+        raise ClusterNotFound(f"Cluster not found: '{ref or DEFAULT_CLUSTER}'.")
+    return row
+
+
+def page(items: list, request: dict, default_max: int = 100, limit: int = 100) -> tuple[list, str | None]:
+    """Offset pagination with an opaque token."""
+    max_results = request.get("maxResults") or default_max
+    if not 1 <= max_results <= limit:
+        raise InvalidParameter(f"Invalid parameter 'maxResults': must be between 1 and {limit}.")
+    start = 0
+    token = request.get("nextToken")
+    if token:
+        try:
+            start = json.loads(base64.urlsafe_b64decode(token.encode()))["o"]
+        except Exception:
+            raise InvalidParameter("Invalid parameter 'nextToken': not a token this API issued.") from None
+    chunk = items[start:start + max_results]
+    more = start + max_results < len(items)
+    next_token = base64.urlsafe_b64encode(json.dumps({"o": start + max_results}).encode()).decode() if more else None
+    return chunk, next_token
+
+
+def check_tags(tags: list[dict], field: str = "tags") -> list[dict]:
+    keys = set()
+    for i, tag in enumerate(tags):
+        key, value = tag.get("key"), tag.get("value", "")
+        if not key or len(key) > 128:
+            raise InvalidParameter(f"Invalid parameter '{field}[{i}].key': a tag key has 1 to 128 characters.")
+        if len(value) > 256:
+            raise InvalidParameter(f"Invalid parameter '{field}[{i}].value': a tag value has at most 256 characters.")
+        if key.lower().startswith("aws:"):
+            raise InvalidParameter(f"Invalid parameter '{field}[{i}].key': the 'aws:' prefix is reserved.")
+        keys.add(key)
+    return [{"key": t["key"], "value": t.get("value", "")} for t in tags]
+
+
+def merge_tags(existing: list[dict], new: list[dict]) -> list[dict]:
+    merged = {t["key"]: t["value"] for t in existing}
+    merged.update({t["key"]: t["value"] for t in new})
+    if len(merged) > 50:
+        raise InvalidParameter("Invalid parameter 'tags': a resource can have at most 50 tags.")
+    return [{"key": k, "value": v} for k, v in merged.items()]
+
+
+def without_tags(doc: dict, include: list[str] | None) -> dict:
+    if include and "TAGS" in include:
+        return doc
+    return {k: v for k, v in doc.items() if k != "tags"}
+
+
+def failure(arn: str, reason: str, detail: str | None = None) -> dict:
+    f = {"arn": arn, "reason": reason}
+    if detail:
+        f["detail"] = detail
+    return f

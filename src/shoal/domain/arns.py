@@ -1,0 +1,81 @@
+"""ARNs: `arn:shoal:ecs:<region>:<account>:<type>/<path>`.
+
+Every API that takes a cluster, task or instance accepts either a bare name/id or the full ARN;
+`short_name` reduces either to the last path segment.
+"""
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from shoal.domain.errors import InvalidParameter
+
+PARTITION = "shoal"
+_ARN = re.compile(r"^arn:([a-z0-9-]+):([a-z0-9-]+):([a-z0-9-]*):(\d{12}):([a-z-]+)/(.+)$")
+
+
+@dataclass(frozen=True)
+class Arn:
+    service: str
+    region: str
+    account: str
+    resource_type: str
+    path: str
+
+    @property
+    def last(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class ArnFactory:
+    region: str = "local"
+    account: str = "000000000000"
+
+    def make(self, resource_type: str, path: str, service: str = "ecs") -> str:
+        return f"arn:{PARTITION}:{service}:{self.region}:{self.account}:{resource_type}/{path}"
+
+    def cluster(self, name: str) -> str:
+        return self.make("cluster", name)
+
+    def capacity_provider(self, name: str) -> str:
+        return self.make("capacity-provider", name)
+
+    def task_definition(self, family: str, revision: int) -> str:
+        return self.make("task-definition", f"{family}:{revision}")
+
+    def task(self, cluster: str, task_id: str) -> str:
+        return self.make("task", f"{cluster}/{task_id}")
+
+    def container(self, cluster: str, task_id: str, container_id: str) -> str:
+        return self.make("container", f"{cluster}/{task_id}/{container_id}")
+
+    def container_instance(self, cluster: str, instance_id: str) -> str:
+        return self.make("container-instance", f"{cluster}/{instance_id}")
+
+
+def is_arn(value: str) -> bool:
+    return value.startswith("arn:")
+
+
+def parse(value: str, field: str = "resourceArn") -> Arn:
+    m = _ARN.match(value)
+    if not m:
+        raise InvalidParameter(f"Invalid identifier for {field}: '{value}' is not a valid ARN.")
+    return Arn(m.group(2), m.group(3), m.group(4), m.group(5), m.group(6))
+
+
+def short_name(value: str, resource_type: str, field: str) -> str:
+    """Name or id from either a bare name or an ARN of the expected type."""
+    if not is_arn(value):
+        return value
+    arn = parse(value, field)
+    if arn.resource_type != resource_type:
+        raise InvalidParameter(
+            f"Invalid identifier for {field}: expected a {resource_type} ARN, got '{value}'."
+        )
+    return arn.last
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,69 @@
+"""The transactional outbox: events are rows written in the transaction of the change they
+report, and read back in a commit-consistent order with a resumable cursor.
+
+Ordering. A reader that pages by a plain auto-increment id can skip a row: with concurrent
+writers, id 7 may commit after id 8 has been read. So each row also records the id of the
+transaction that wrote it (`txid`, PostgreSQL's xid8; 0 on SQLite, whose single writer commits in
+`seq` order anyway). Readers order by (txid, seq) and only return rows whose transaction id is
+below the oldest transaction still in flight (`pg_snapshot_xmin`). Every transaction that could
+still add rows has a txid at or above that horizon, so nothing can appear behind the cursor.
+
+The cursor is the string "<txid>.<seq>" of the last event returned.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import Connection, and_, insert, or_, select, text
+
+from shoal.domain.errors import InvalidParameter
+from shoal.events.envelope import envelope
+from shoal.store.tables import events
+
+START = "0.0"
+
+
+def append(conn: Connection, detail_type: str, resources: list[str], detail: dict, *,
+           region: str, account: str, now: float) -> dict:
+    env = envelope(detail_type, resources, detail, region=region, account=account, now=now)
+    conn.execute(
+        insert(events).values(
+            event_id=env["id"], detail_type=detail_type, time=env["time"],
+            envelope=json.dumps(env, separators=(",", ":")),
+        )
+    )
+    return env
+
+
+def parse_cursor(cursor: str | None) -> tuple[int, int]:
+    if not cursor:
+        return (0, 0)
+    try:
+        txid, seq = cursor.split(".")
+        return int(txid), int(seq)
+    except ValueError:
+        raise InvalidParameter(f"Invalid cursor '{cursor}': expected '<txid>.<seq>'.") from None
+
+
+def cursor_of_event(conn: Connection, event_id: str) -> str:
+    row = conn.execute(select(events.c.txid, events.c.seq).where(events.c.event_id == event_id)).first()
+    if row is None:
+        raise InvalidParameter(f"No event with id '{event_id}'.")
+    return f"{row.txid}.{row.seq}"
+
+
+def read(conn: Connection, after: str | None, limit: int) -> tuple[list[dict], str]:
+    """Events after the cursor, oldest first, and the cursor to resume from."""
+    txid, seq = parse_cursor(after)
+    stmt = select(events.c.txid, events.c.seq, events.c.envelope).where(
+        or_(events.c.txid > txid, and_(events.c.txid == txid, events.c.seq > seq))
+    )
+    if conn.dialect.name == "postgresql":
+        horizon = conn.execute(
+            text("SELECT (pg_snapshot_xmin(pg_current_snapshot())::text)::bigint")
+        ).scalar_one()
+        stmt = stmt.where(events.c.txid < horizon)
+    rows = conn.execute(stmt.order_by(events.c.txid, events.c.seq).limit(limit)).all()
+    next_cursor = f"{rows[-1].txid}.{rows[-1].seq}" if rows else f"{txid}.{seq}"
+    return [json.loads(r.envelope) for r in rows], next_cursor

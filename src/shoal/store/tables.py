@@ -1,0 +1,129 @@
+"""Table definitions (SQLAlchemy Core).
+
+Each resource is stored as its wire document (`doc`, JSON text in botocore's shape, timestamps
+as epoch seconds) plus the columns that lookups and filters need. Describe calls then return the
+document as is, and list calls never parse JSON. `version` is the optimistic-concurrency counter,
+and the same value as the resource's `version` field where ECS has one.
+"""
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+clusters = Table(
+    "clusters",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("arn", String(512), nullable=False, unique=True),
+    Column("status", String(32), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+)
+
+capacity_providers = Table(
+    "capacity_providers",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("arn", String(512), nullable=False, unique=True),
+    Column("status", String(32), nullable=False),
+    Column("kind", String(32), nullable=False),  # MANAGED_INSTANCES | EC2_AUTOSCALING
+    Column("cluster_name", String(255)),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+)
+
+task_definition_families = Table(
+    "task_definition_families",
+    metadata,
+    Column("family", String(255), primary_key=True),
+    Column("last_revision", Integer, nullable=False),
+)
+
+task_definitions = Table(
+    "task_definitions",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("family", String(255), nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("doc", Text, nullable=False),
+    UniqueConstraint("family", "revision", name="uq_task_definition_revision"),
+    Index("ix_task_definitions_status_family", "status", "family", "revision"),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("id", String(64), nullable=False, unique=True),
+    Column("cluster_name", String(255), nullable=False),
+    Column("last_status", String(32), nullable=False),
+    Column("desired_status", String(32), nullable=False),
+    Column("family", String(255), nullable=False),
+    Column("started_by", String(128)),
+    Column("service_name", String(255)),
+    Column("launch_type", String(32)),
+    Column("container_instance_arn", String(512)),
+    Column("created_at", Float, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+    # What placement needs and the Task shape has no field for: the capacity provider
+    # strategy, placement constraints and strategies of the RunTask call (JSON).
+    Column("placement", Text),
+    Index("ix_tasks_cluster_desired", "cluster_name", "desired_status", "created_at"),
+    Index("ix_tasks_cluster_last", "cluster_name", "last_status"),
+    Index("ix_tasks_instance", "container_instance_arn"),
+)
+
+container_instances = Table(
+    "container_instances",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("id", String(64), nullable=False, unique=True),
+    Column("cluster_name", String(255), nullable=False),
+    Column("ec2_instance_id", String(64), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("capacity_provider_name", String(255)),
+    Column("registered_at", Float, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+    Index("ix_container_instances_cluster_status", "cluster_name", "status"),
+    Index("ix_container_instances_ec2", "ec2_instance_id"),
+)
+
+# The transactional outbox. `seq` orders events within one writer; `txid` is the writing
+# transaction's id on PostgreSQL (0 on SQLite, whose single writer already commits in `seq`
+# order). Readers page by (txid, seq) and never past the oldest transaction still in flight,
+# so a late commit below the cursor cannot be skipped. See shoal.events.outbox.
+events = Table(
+    "events",
+    metadata,
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("txid", BigInteger, nullable=False, server_default="0"),
+    Column("event_id", String(64), nullable=False, unique=True),
+    Column("detail_type", String(128), nullable=False),
+    Column("time", String(40), nullable=False),
+    Column("envelope", Text, nullable=False),
+    Index("ix_events_order", "txid", "seq"),
+)
+
+# Remembered answers for requests that carry a clientToken.
+idempotency = Table(
+    "idempotency",
+    metadata,
+    Column("scope", String(320), primary_key=True),  # "<Operation>:<clientToken>"
+    Column("request_hash", String(64), nullable=False),
+    Column("response", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
