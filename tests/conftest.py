@@ -1,0 +1,170 @@
+"""Shared fixtures: real server processes on real databases, and real clients.
+
+`backend` runs each test that uses it against SQLite and against PostgreSQL. PostgreSQL comes
+from SHOAL_TEST_POSTGRES_URL (an admin URL; .ci/run starts a throwaway server and sets it); each
+server gets a fresh database of its own. Without that variable the PostgreSQL cases are skipped
+and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+from botocore.config import Config
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+POSTGRES_URL = os.environ.get("SHOAL_TEST_POSTGRES_URL")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def fresh_postgres_database() -> str:
+    admin = make_url(POSTGRES_URL)
+    name = "shoal_" + uuid.uuid4().hex[:12]
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return admin.set(database=name).render_as_string(hide_password=False)
+
+
+class ServerProcess:
+    """`shoal server` as a child process."""
+
+    def __init__(self, data_dir: Path, db_url: str | None = None, extra_args: tuple[str, ...] = ()):
+        self.data_dir = data_dir
+        self.db_url = db_url
+        self.extra_args = extra_args
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def credentials(self) -> dict:
+        return json.loads((self.data_dir / "credentials.json").read_text())
+
+    def start(self) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "shoal.cli.main", "server", "--port", str(self.port),
+               "--data-dir", str(self.data_dir), *self.extra_args]
+        if self.db_url:
+            cmd += ["--db", self.db_url]
+        self.log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(self._healthy, timeout=30, message=f"server on {self.endpoint}")
+        return self
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"server exited with {self.proc.returncode}; see {self.log.name}")
+        try:
+            return httpx.get(self.endpoint + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """kill -9: no shutdown hooks, no flushing."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def client(self, service: str = "ecs", validate: bool = True, **config):
+        creds = self.credentials
+        return boto3.client(
+            service, endpoint_url=self.endpoint, region_name="local",
+            aws_access_key_id=creds["accessKeyId"], aws_secret_access_key=creds["secretAccessKey"],
+            config=Config(parameter_validation=validate, retries={"max_attempts": 1}, **config),
+        )
+
+    def events(self, after: str | None = None) -> list[dict]:
+        """The whole event log through the CLI's REST endpoint (signed)."""
+        from shoal.cli import client as cli_client
+
+        env = {"SHOAL_ENDPOINT": self.endpoint, "AWS_ACCESS_KEY_ID": self.credentials["accessKeyId"],
+               "AWS_SECRET_ACCESS_KEY": self.credentials["secretAccessKey"]}
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            found, cursor = [], after
+            while True:
+                page = cli_client.get("/v1/events", {"after": cursor, "limit": 1000}).json()
+                found += page["events"]
+                if not page["events"]:
+                    return found
+                cursor = page["cursor"]
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+BACKENDS = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.skipif(
+        not POSTGRES_URL, reason="SHOAL_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL and sets it)")),
+]
+
+
+@pytest.fixture(params=BACKENDS, scope="module")
+def backend(request) -> str:
+    return request.param
+
+
+def database_url_for(backend: str) -> str | None:
+    return fresh_postgres_database() if backend == "postgres" else None
+
+
+@pytest.fixture(scope="module")
+def server(backend, tmp_path_factory):
+    """One server per test module and backend; tests use their own cluster names."""
+    data_dir = tmp_path_factory.mktemp(f"shoal-{backend}")
+    srv = ServerProcess(data_dir, database_url_for(backend)).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def ecs(server):
+    return server.client("ecs")
+
+
+@pytest.fixture
+def unique():
+    return lambda prefix="c": f"{prefix}-{uuid.uuid4().hex[:8]}"
