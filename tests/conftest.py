@@ -21,7 +21,10 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
 from botocore.config import Config
+from botocore.credentials import Credentials
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -111,28 +114,28 @@ class ServerProcess:
             config=Config(parameter_validation=validate, retries={"max_attempts": 1}, **config),
         )
 
-    def events(self, after: str | None = None) -> list[dict]:
-        """The whole event log through the CLI's REST endpoint (signed)."""
-        from shoal.cli import client as cli_client
+    def get(self, path: str, params: dict) -> httpx.Response:
+        """A SigV4-signed GET, as the CLI sends it."""
+        url = str(httpx.URL(self.endpoint + path, params={k: v for k, v in params.items() if v is not None}))
+        request = AWSRequest(method="GET", url=url)
+        creds = Credentials(self.credentials["accessKeyId"], self.credentials["secretAccessKey"])
+        SigV4Auth(creds, "ecs", "local").add_auth(request)
+        return httpx.get(url, headers=dict(request.headers.items()), timeout=30)
 
-        env = {"SHOAL_ENDPOINT": self.endpoint, "AWS_ACCESS_KEY_ID": self.credentials["accessKeyId"],
-               "AWS_SECRET_ACCESS_KEY": self.credentials["secretAccessKey"]}
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            found, cursor = [], after
-            while True:
-                page = cli_client.get("/v1/events", {"after": cursor, "limit": 1000}).json()
-                found += page["events"]
-                if not page["events"]:
-                    return found
-                cursor = page["cursor"]
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    def events_page(self, after: str | None = None, limit: int = 1000) -> dict:
+        resp = self.get("/v1/events", {"after": after, "limit": limit})
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def events(self, after: str | None = None) -> list[dict]:
+        """The whole event log, oldest first."""
+        found, cursor = [], after
+        while True:
+            page = self.events_page(cursor)
+            if not page["events"]:
+                return found
+            found += page["events"]
+            cursor = page["cursor"]
 
 
 BACKENDS = [
