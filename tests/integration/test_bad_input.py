@@ -58,6 +58,7 @@ def env(server):
     ecs.stop_task(cluster="bad-input", task=stopped["tasks"][0]["taskArn"])
     assert running["failures"] == []
     return SimpleNamespace(
+        ecs=ecs, raw=server.client("ecs", validate=False),
         cluster="bad-input", cluster_arn=cluster["clusterArn"], family=td["family"],
         td_arn=td["taskDefinitionArn"], instance_arn=host["containerInstanceArn"],
         full_instance_arn=full["containerInstanceArn"],
@@ -76,7 +77,7 @@ def _pages(call: Callable[..., dict], key: str, **kwargs) -> list:
 
 def snapshot(server, env) -> dict:
     """Everything a bad request could have changed, as seen through the API and the event log."""
-    ecs = server.client("ecs")
+    ecs = env.ecs
     instances = ecs.describe_container_instances(
         cluster=env.cluster, containerInstances=[env.instance_arn, env.full_instance_arn], include=["TAGS"])
     return {
@@ -265,7 +266,7 @@ def _http_status(err: ClientError) -> int:
 
 @pytest.mark.parametrize("case", [pytest.param(k, id=k.id, marks=k.marks) for k in CASES])
 def test_invalid_request_is_rejected_and_changes_nothing(server, env, case):
-    ecs = server.client("ecs", validate=False)
+    ecs = env.raw
     before = snapshot(server, env)
 
     with pytest.raises(ClientError) as caught:
@@ -357,7 +358,7 @@ def _attribute_names(ecs, env) -> set[tuple[str, str]]:
 
 
 def test_put_attributes_with_one_unknown_target_writes_nothing(server, env):
-    ecs = server.client("ecs", validate=False)
+    ecs = env.raw
     before = snapshot(server, env)
     with pytest.raises(ecs.exceptions.TargetNotFoundException) as caught:
         ecs.put_attributes(cluster=env.cluster, attributes=[
@@ -373,7 +374,7 @@ def test_put_attributes_with_one_unknown_target_writes_nothing(server, env):
 def test_put_attributes_over_the_limit_on_second_target_rolls_back_the_first(server, env):
     """The first target's attribute is written before the second target's limit check fails;
     the transaction must take it back."""
-    ecs = server.client("ecs", validate=False)
+    ecs = env.raw
     before = snapshot(server, env)
     with pytest.raises(ecs.exceptions.AttributeLimitExceededException):
         ecs.put_attributes(cluster=env.cluster, attributes=[
@@ -386,7 +387,7 @@ def test_put_attributes_over_the_limit_on_second_target_rolls_back_the_first(ser
 
 def test_valid_requests_after_the_bad_ones_still_work(server, env):
     """The server is healthy after the bad input, and the snapshot does see real changes."""
-    ecs = server.client("ecs")
+    ecs = env.ecs
     before = snapshot(server, env)
     ecs.put_attributes(cluster=env.cluster, attributes=[{"name": "probe", "value": "ok", "targetId": env.instance_arn}])
     after = snapshot(server, env)

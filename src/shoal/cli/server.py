@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,6 +19,10 @@ DEFAULT_PORT = 8642
 
 def _serve(settings: Settings, host: str, port: int, on_ready=None) -> None:
     from shoal.api.app import create_app
+
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
+    # that was installed before it; make that a clean exit rather than death by signal.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
     app = create_app(settings)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
