@@ -26,6 +26,9 @@ import botocore
 
 BIN = Path(sys.executable).parent
 MODELS = Path(botocore.__file__).parent / "data"
+# The installed console scripts; the same programs through `python -m` where they are missing.
+AWS = [str(BIN / "aws")] if (BIN / "aws").exists() else [sys.executable, "-m", "awscli"]
+SHOAL = [str(BIN / "shoal")] if (BIN / "shoal").exists() else [sys.executable, "-m", "shoal.cli.main"]
 
 MI_CONFIG = {
     "infrastructureRoleArn": "arn:aws:iam::000000000000:role/shoal-infra",
@@ -56,7 +59,7 @@ def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
 
 def aws(server, home: Path, *args: str, ok: bool = True) -> dict | subprocess.CompletedProcess:
     """`aws ecs <args>` against the server; the parsed JSON output, or the process when ok=False."""
-    proc = _run([str(BIN / "aws"), "ecs", *args, "--endpoint-url", server.endpoint, "--output", "json"],
+    proc = _run([*AWS, "ecs", *args, "--endpoint-url", server.endpoint, "--output", "json"],
                 _env(server, home))
     if not ok:
         return proc
@@ -65,14 +68,15 @@ def aws(server, home: Path, *args: str, ok: bool = True) -> dict | subprocess.Co
 
 
 def shoal_events(server, home: Path, *args: str) -> list[dict]:
-    proc = _run([str(BIN / "shoal"), "events", "list", "--json", *args], _env(server, home))
+    proc = _run([*SHOAL, "events", "list", "--json", *args], _env(server, home))
     assert proc.returncode == 0, f"shoal events list failed ({proc.returncode}):\n{proc.stderr}"
     return json.loads(proc.stdout)
 
 
 def test_cluster_capacity_task_lifecycle_and_events_through_the_aws_cli(server, unique, tmp_path):
     name = unique("cli")
-    cluster = aws(server, tmp_path, "create-cluster", "--cluster-name", name, "--tags", "key=team,value=ml")["cluster"]
+    cluster = aws(server, tmp_path, "create-cluster", "--cluster-name", name,
+                  "--tags", "key=team,value=ml")["cluster"]
     assert cluster["clusterArn"].endswith(f":cluster/{name}") and cluster["status"] == "ACTIVE"
 
     managed = aws(server, tmp_path, "create-capacity-provider", "--name", unique("mi"), "--cluster", name,

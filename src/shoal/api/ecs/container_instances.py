@@ -110,6 +110,9 @@ def instance_row(ctx: Context, cluster, ref: str, field: str, *, for_update: boo
     """A container instance by id, ARN or ec2InstanceId."""
     ident = arns.short_name(ref, "container-instance", field)
     stmt = select(cis).where(cis.c.cluster_name == cluster.name, (cis.c.id == ident) | (cis.c.ec2_instance_id == ident))
+    # One EC2 instance may have registered several times: prefer the exact id, then the live
+    # registration, then the latest.
+    stmt = stmt.order_by((cis.c.id == ident).desc(), (cis.c.status == "INACTIVE").asc(), cis.c.registered_at.desc())
     return ctx.conn.execute(stmt.with_for_update() if for_update else stmt).first()
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import insert, select, update
 from shoal.api import idempotency
 from shoal.api.ecs import capacity_providers as cps
 from shoal.api.ecs.common import check_tags, cluster_row, failure, page, without_tags
+from shoal.api.ecs.container_instances import instance_row
 from shoal.api.ecs.task_definitions import resolve as resolve_task_definition
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, query
@@ -146,11 +147,8 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
 def _instance_arns(ctx: Context, cluster, refs: list[str], field: str) -> list[str]:
     out = []
     for i, ref in enumerate(refs):
-        ident = arns.short_name(ref, "container-instance", f"{field}[{i}]")
-        row = ctx.conn.execute(select(container_instances.c.arn, container_instances.c.status).where(
-            container_instances.c.cluster_name == cluster.name,
-            (container_instances.c.id == ident) | (container_instances.c.ec2_instance_id == ident))).first()
-        if row is None:
+        row = instance_row(ctx, cluster, ref, f"{field}[{i}]")
+        if row is None or row.status == "INACTIVE":
             raise InvalidParameter(f"Invalid parameter '{field}[{i}]': container instance '{ref}' was not found "
                                    f"in cluster '{cluster.name}'.")
         if row.status != "ACTIVE":

@@ -33,6 +33,15 @@ def error_response(err: ApiError, request_id: str) -> Response:
     return _respond(err.status, {"__type": err.code, "message": err.message}, request_id)
 
 
+def _without_nulls(value):
+    """A JSON null member means the member is absent, as in AWS; handlers then see one form."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 class AwsJsonEndpoint:
     def __init__(self, store: Store, registries: list[Registry], *, arns, credentials: dict[str, str] | None):
         self.store = store
@@ -64,8 +73,8 @@ class AwsJsonEndpoint:
         if operation is None:
             raise UnknownOperation(f"Unknown operation '{target}'.", code="UnknownOperationException")
         try:
-            params = json.loads(body) if body.strip() else {}
-        except ValueError:
+            params = _without_nulls(json.loads(body)) if body.strip() else {}
+        except (ValueError, RecursionError):
             raise ApiError("The request body is not valid JSON.", "SerializationException") from None
         validate(service_model(registry.service).operation_model(name), params)
 

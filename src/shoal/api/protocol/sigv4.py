@@ -86,7 +86,12 @@ def verify(method: str, path: str, query: str, headers: dict[str, str], body: by
     canonical_headers = "".join(
         f"{name}:{' '.join(headers.get(name, '').split())}\n" for name in signed_headers
     )
-    payload_hash = headers.get("x-amz-content-sha256") or hashlib.sha256(body).hexdigest()
+    # Always hash what arrived: a client-supplied hash (or UNSIGNED-PAYLOAD) that differs from
+    # the body would let a signed request carry another body.
+    payload_hash = hashlib.sha256(body).hexdigest()
+    if headers.get("x-amz-content-sha256", payload_hash) != payload_hash:
+        raise _bad_signature("The request signature does not cover this body: X-Amz-Content-SHA256 does not "
+                             "match the SHA-256 of the request body.")
     canonical_request = "\n".join([
         method, quote(path or "/", safe="/-_.~%"), _canonical_query(query), canonical_headers,
         parts["SignedHeaders"], payload_hash,
