@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]' && $(BIN)/python benchmarks/api.py
+	@$(BIN)/python -m pip install --quiet -e '.[dev,bench]' && $(BIN)/python benchmarks/api.py
 
 clean:
 	rm -rf $(VENV) .shoal .pytest_cache

@@ -16,9 +16,9 @@ subprocess on a fresh SQLite data dir. moto (the peer this project can run here)
 `ThreadedMotoServer` in a subprocess of its own too, so that neither server shares a GIL with the
 clients. moto needs a registered container instance for EC2 tasks, so its tasks are launched as
 FARGATE (with no network configuration, which moto allows); shoal's are EC2 and wait PENDING, as
-there is no agent in the benchmark. Each server's CPU time per call
-(from /proc) and the benchmark process's own (the boto3 clients) are reported per call, so that
-client and server cost can be told apart on a small machine where both compete for the cores.
+there is no agent in the benchmark. The server's CPU time (from /proc) and the benchmark
+process's own (the boto3 clients) are reported per call, so that client and server cost can be
+told apart on a small machine where both compete for the cores.
 
 Prints one JSON object on stdout. Goals (issue): >= 500 RunTask/s, p99 DescribeTasks <= 20 ms
 (single client) on one server process. Results are recorded in BENCHMARKS.md.
@@ -67,22 +67,29 @@ def cpu_seconds(pid: int) -> float | None:
 class Server:
     """A server subprocess, its endpoint and how to make clients for it."""
 
-    def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, region: str,
-                 creds: tuple[str, str] | None, log: Path, run_args: dict):
-        self.name, self.port, self.region, self.run_args = name, port, region, run_args
+    def __init__(self, name: str, cmd: list[str], port: int, ready_path: str, region: str, log: Path,
+                 run_args: dict, credentials_file: Path | None = None):
+        self.name, self.cmd, self.ready_path, self.region, self.log = name, cmd, ready_path, region, log
+        self.run_args, self.credentials_file = run_args, credentials_file
         self.endpoint = f"http://127.0.0.1:{port}"
-        self.log = log
-        self.proc = subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not self._ready(ready_path):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start; log:\n{log.read_text()[-3000:]}")
-            time.sleep(0.05)
-        self.creds = creds or ("testing", "testing")
+        self.proc: subprocess.Popen | None = None
+        self.creds = ("testing", "testing")
 
-    def _ready(self, path: str) -> bool:
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start; log:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        if self.credentials_file:
+            creds = json.loads(self.credentials_file.read_text())
+            self.creds = (creds["accessKeyId"], creds["secretAccessKey"])
+
+    def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(self.endpoint + path, timeout=1) as resp:
+            with urllib.request.urlopen(self.endpoint + self.ready_path, timeout=1) as resp:
                 return resp.status == 200
         except OSError:
             return False
@@ -93,7 +100,7 @@ class Server:
                             config=Config(retries={"max_attempts": 1}, max_pool_connections=pool))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(10)
@@ -102,28 +109,23 @@ class Server:
                 self.proc.wait(10)
 
 
-def start_shoal(tmp: Path) -> Server:
+def shoal_server(tmp: Path) -> Server:
     data_dir, port = tmp / "shoal", free_port()
     exe = Path(sys.executable).with_name("shoal")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "shoal.cli.main"]
-    srv = Server("shoal", [*cmd, "server", "--port", str(port), "--data-dir", str(data_dir)], port,
-                 "/healthz", "local", None, tmp / "shoal.log", run_args={})
-    creds = json.loads((data_dir / "credentials.json").read_text())
-    srv.creds = (creds["accessKeyId"], creds["secretAccessKey"])
-    return srv
+    return Server("shoal", [*cmd, "server", "--port", str(port), "--data-dir", str(data_dir)], port,
+                  "/healthz", "local", tmp / "shoal.log", run_args={},
+                  credentials_file=data_dir / "credentials.json")
 
 
-def start_moto(tmp: Path) -> Server:
+def moto_server(tmp: Path) -> Server:
     port = free_port()
     return Server("moto", [sys.executable, "-c", MOTO_BOOT, str(port)], port, "/moto-api/data.json",
-                  "us-east-1", None, tmp / "moto.log",
-                  run_args={"launchType": "FARGATE"})
+                  "us-east-1", tmp / "moto.log", run_args={"launchType": "FARGATE"})
 
 
 def timed(clients: list, calls: int, call) -> tuple[list[float], float, list]:
-    """Run `calls` calls of `call(client, i)` spread over the clients, one thread each.
-
-    Returns per-call latencies (s), wall time (s), and the calls' results in order."""
+    """`calls` calls of `call(client, i)` over the clients, one thread each: latencies, wall time, results."""
     latencies: list[float] = [0.0] * calls
     results: list = [None] * calls
     errors: list[BaseException] = []
@@ -200,9 +202,10 @@ def bench(srv: Server, args) -> dict:
     return {"runtask": run, "describe_tasks": many, "describe_tasks_single_client": single}
 
 
-def run_target(start, tmp: Path, args) -> dict:
-    srv = start(tmp)
+def run_target(make, tmp: Path, args) -> dict:
+    srv = make(tmp)
     try:
+        srv.start()
         return bench(srv, args)
     finally:
         srv.stop()
@@ -212,28 +215,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runtask", type=int, default=2000, help="RunTask calls (default 2000)")
     ap.add_argument("--describe", type=int, default=2000, help="DescribeTasks calls per phase (default 2000)")
-    ap.add_argument("--clients", type=int, default=4, help="concurrent client threads (default 4)")
+    ap.add_argument("--clients", type=int, default=4,
+                    help="concurrent client threads (default 4: peak throughput here, see BENCHMARKS.md)")
     ap.add_argument("--no-moto", action="store_true", help="skip the moto side")
     args = ap.parse_args()
+    if min(args.runtask, args.describe, args.clients) < 1:
+        ap.error("--runtask, --describe and --clients must be at least 1")
 
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
     }
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as tmp:
-        report["shoal"] = run_target(start_shoal, Path(tmp), args)
+        report["shoal"] = run_target(shoal_server, Path(tmp), args)
         if args.no_moto:
             report["moto"] = {"skipped": "--no-moto"}
         else:
             try:
-                import moto.server  # noqa: F401
+                import moto.server  # noqa: F401  (only to see whether it is there)
             except ImportError as err:
                 report["moto"] = {"skipped": f"moto is not installed ({err}); pip install -e '.[bench]'"}
             else:
-                report["moto"] = run_target(start_moto, Path(tmp), args)
-    shoal = report["shoal"]
-    report["goals"] = {"runtask_per_s_500": shoal["runtask"]["throughput_per_s"] >= 500,
-                       "describe_p99_20ms": shoal["describe_tasks_single_client"]["p99_ms"] <= 20}
+                report["moto"] = run_target(moto_server, Path(tmp), args)
+    ours = report["shoal"]
+    report["goals"] = {"runtask_per_s_500": ours["runtask"]["throughput_per_s"] >= 500,
+                       "describe_p99_20ms": ours["describe_tasks_single_client"]["p99_ms"] <= 20}
     print(json.dumps(report, indent=2))
 
 

@@ -16,12 +16,13 @@ from shoal.domain.arns import ArnFactory
 from shoal.store.db import Store
 
 
-def create_app(settings: Settings, store: Store | None = None) -> Starlette:
+def create_app(settings: Settings, store: Store | None = None):
     store = store or Store(settings.database_url)
     store.migrate()
     register_all()
     aws = AwsJsonEndpoint(store, [ecs], arns=ArnFactory(settings.region, settings.account),
                           credentials=settings.credentials if settings.auth else None)
+
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
@@ -29,11 +30,16 @@ def create_app(settings: Settings, store: Store | None = None) -> Starlette:
 
     app = Starlette(
         routes=[
-            Route("/", aws.handle, methods=["POST"]),
             Route("/v1/events", events_endpoint(store, aws.authenticate), methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],
         lifespan=lifespan,
     )
-    app.state.store = store
-    return app
+
+    async def shoal(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/" and scope["method"] == "POST":
+            await aws(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return shoal

@@ -6,13 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, select
 
 from shoal.api.operations import Context, dumps
 from shoal.domain.errors import Conflict, InvalidParameter
+from shoal.store.prepared import Prepared
 from shoal.store.tables import idempotency
 
 MAX_TOKEN = 64
+# botocore fills clientToken in on every RunTask, so these run on the hot path: prebuilt.
+_FIND = Prepared(select(idempotency).where(idempotency.c.scope == bindparam("scope")))
+_INSERT = Prepared(insert(idempotency))
 
 
 def _scope(operation: str, token: str) -> str:
@@ -30,7 +34,7 @@ def recall(ctx: Context, operation: str, request: dict) -> dict | None:
     token = request.get("clientToken")
     if not token:
         return None
-    row = ctx.conn.execute(select(idempotency).where(idempotency.c.scope == _scope(operation, token))).first()
+    row = _FIND.first(ctx.conn, {"scope": _scope(operation, token)})
     if row is None:
         return None
     if row.request_hash != _hash(request):
@@ -41,5 +45,5 @@ def recall(ctx: Context, operation: str, request: dict) -> dict | None:
 def remember(ctx: Context, operation: str, request: dict, response: dict) -> None:
     token = request.get("clientToken")
     if token:
-        ctx.conn.execute(insert(idempotency).values(scope=_scope(operation, token), request_hash=_hash(request),
-                                                    response=dumps(response), created_at=ctx.now))
+        _INSERT.run(ctx.conn, {"scope": _scope(operation, token), "request_hash": _hash(request),
+                                   "response": dumps(response), "created_at": ctx.now})

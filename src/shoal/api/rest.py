@@ -16,7 +16,8 @@ def events_endpoint(store: Store, authenticate):
     async def list_events(request: Request) -> JSONResponse:
         """GET /v1/events?after=<cursor>&limit=N: events in commit order, with the cursor to resume from."""
         try:
-            authenticate(request, b"")
+            authenticate(request.method, request.url.path, request.url.query,
+                         {k.lower(): v for k, v in request.headers.items()}, b"")
         except ApiError as err:
             return JSONResponse({"__type": err.code, "message": err.message}, err.status)
         try:

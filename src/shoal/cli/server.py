@@ -38,7 +38,8 @@ def _serve(settings: Settings, host: str, port: int, on_ready=None) -> None:
             on_ready(bound)
         await serving
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop where installed
+        runner.run(main())
 
 
 def server(

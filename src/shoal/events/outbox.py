@@ -19,20 +19,17 @@ from sqlalchemy import Connection, and_, insert, or_, select, text
 
 from shoal.domain.errors import InvalidParameter
 from shoal.events.envelope import envelope
+from shoal.store.prepared import Prepared
 from shoal.store.tables import events
 
-START = "0.0"
+_INSERT = Prepared(insert(events))  # every state change writes one: see shoal.store.prepared
 
 
 def append(conn: Connection, detail_type: str, resources: list[str], detail: dict, *,
            region: str, account: str, now: float) -> dict:
     env = envelope(detail_type, resources, detail, region=region, account=account, now=now)
-    conn.execute(
-        insert(events).values(
-            event_id=env["id"], detail_type=detail_type, time=env["time"],
-            envelope=json.dumps(env, separators=(",", ":")),
-        )
-    )
+    _INSERT.run(conn, {"event_id": env["id"], "detail_type": detail_type, "time": env["time"],
+                           "envelope": json.dumps(env, separators=(",", ":"))})
     return env
 
 

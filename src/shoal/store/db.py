@@ -1,30 +1,43 @@
-"""The store: one SQLAlchemy engine, a single writer thread, and a pool of readers.
+"""The store: one SQLAlchemy engine, a single writer thread with group commit, and readers.
 
-Writes run one at a time on a dedicated thread, each in its own transaction, so an API call
-that returns 200 has committed. On SQLite that single writer is what makes the event sequence
-follow commit order; on PostgreSQL several server processes may write at once, and row locks,
-optimistic versions (`StaleWrite`) and unique constraints catch the races, after which the whole
-unit of work is retried from scratch.
+Writes are units of work (`fn(conn) -> result`) queued to one writer thread. The writer takes
+every unit waiting, runs each inside its own SAVEPOINT of one transaction, commits once, and only
+then answers the callers: an API call that returns 200 has committed, and one fsync covers the
+whole batch. A unit that raises is rolled back to its savepoint and leaves no trace, without
+disturbing its neighbours. On SQLite that single writer is also what makes the event sequence
+follow commit order. On PostgreSQL several server processes may write at once: row locks,
+optimistic versions (`StaleWrite`) and unique constraints catch the races, and the losing unit
+is run again from scratch in the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from sqlalchemy import Connection, Table, create_engine, event, exc, update
 from sqlalchemy.engine import make_url
 
-from shoal.domain.errors import ServerError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 WRITE_ATTEMPTS = 8
+MAX_BATCH = 64
+
+
+@dataclass
+class _Unit:
+    fn: Callable[[Connection], object]
+    future: Future
+    attempts: int = 0
 
 
 class StaleWrite(Exception):
@@ -76,7 +89,9 @@ class Store:
         else:
             self.write_engine = create_engine(url, pool_pre_ping=True, pool_size=2)
             self.read_engine = create_engine(url, pool_pre_ping=True, pool_size=readers)
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="shoal-writer")
+        self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._writer_loop, name="shoal-writer", daemon=True)
+        self._writer.start()
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="shoal-reader")
 
     @property
@@ -88,24 +103,73 @@ class Store:
 
         upgrade(self.write_engine)
 
-    # -- synchronous units of work ------------------------------------------------------
+    # -- units of work -------------------------------------------------------------------
+    def submit(self, fn: Callable[[Connection], T]) -> Future:
+        future: Future = Future()
+        self._queue.put(_Unit(fn, future))
+        return future
+
     def write_sync(self, fn: Callable[[Connection], T]) -> T:
-        delay = 0.005
-        for attempt in range(WRITE_ATTEMPTS):
-            try:
-                with self.write_engine.begin() as conn:
-                    return fn(conn)
-            except (StaleWrite, exc.IntegrityError, exc.OperationalError) as err:
-                if not self._retryable(err) or attempt == WRITE_ATTEMPTS - 1:
-                    raise
-                log.debug("retrying unit of work after %s", err)
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
-        raise ServerError("unreachable")
+        return self.submit(fn).result()
 
     def read_sync(self, fn: Callable[[Connection], T]) -> T:
-        with self.read_engine.connect() as conn:
+        with self.read_engine.connect() as conn, conn.begin():  # one snapshot for the whole read
             return fn(conn)
+
+    def _writer_loop(self) -> None:
+        conn = None  # the writer keeps one connection; a broken one is replaced
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(unit is None for unit in batch)  # close(): finish what was queued, then stop
+            if conn is None or conn.invalidated or conn.closed:
+                conn = self.write_engine.connect()
+            self._run_batch(conn, [u for u in batch if u is not None])
+            if stop:
+                conn.close()
+                return
+
+    def _run_batch(self, conn: Connection, batch: list["_Unit"]) -> None:
+        if not batch:
+            return
+        done: list[tuple[_Unit, object, BaseException | None]] = []
+        again: list[_Unit] = []
+        try:
+            with conn.begin():
+                for unit in batch:
+                    savepoint = conn.begin_nested()
+                    try:
+                        result = unit.fn(conn)
+                        savepoint.commit()
+                        done.append((unit, result, None))
+                    except Exception as err:
+                        savepoint.rollback()
+                        if self._retryable(err) and unit.attempts < WRITE_ATTEMPTS:
+                            again.append(unit)
+                        else:
+                            done.append((unit, None, err))
+        except Exception as err:  # the commit itself failed: nothing in this batch applied
+            log.warning("batch of %d writes failed to commit: %s", len(batch), err)
+            done, again = [], []
+            for unit in batch:
+                if unit.attempts < WRITE_ATTEMPTS:
+                    again.append(unit)
+                else:
+                    done.append((unit, None, err))
+        for unit, result, err in done:
+            if err is None:
+                unit.future.set_result(result)
+            else:
+                unit.future.set_exception(err)
+        if again:
+            time.sleep(min(0.005 * 2 ** again[0].attempts, 0.2))
+            for unit in again:
+                unit.attempts += 1
+                self._queue.put(unit)
 
     def _retryable(self, err: Exception) -> bool:
         if isinstance(err, StaleWrite | exc.IntegrityError):
@@ -116,13 +180,18 @@ class Store:
 
     # -- asynchronous front doors for the ASGI app --------------------------------------
     async def write(self, fn: Callable[[Connection], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._writer, self.write_sync, fn)
+        return await asyncio.wrap_future(self.submit(fn))
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
+        if not self.is_postgres:
+            # A SQLite read is in-process and takes well under a millisecond, and WAL readers
+            # never wait for the writer: a hop to a reader thread costs more than the read.
+            return self.read_sync(fn)
         return await asyncio.get_running_loop().run_in_executor(self._readers, self.read_sync, fn)
 
     def close(self) -> None:
-        self._writer.shutdown(wait=True)
+        self._queue.put(None)
+        self._writer.join()
         self._readers.shutdown(wait=True)
         self.write_engine.dispose()
         self.read_engine.dispose()

@@ -6,15 +6,18 @@ import base64
 import json
 import re
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from shoal.api.operations import Context
 from shoal.domain import arns
 from shoal.domain.errors import ClusterNotFound, InvalidParameter
+from shoal.store.prepared import Prepared
 from shoal.store.tables import clusters
 
 DEFAULT_CLUSTER = "default"
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
+_CLUSTER = Prepared(select(clusters).where(clusters.c.name == bindparam("name")))
+_CLUSTER_FOR_UPDATE = Prepared(_CLUSTER.statement.with_for_update())
 
 
 def check_name(value: str, field: str, what: str) -> str:
@@ -29,10 +32,7 @@ def check_name(value: str, field: str, what: str) -> str:
 def cluster_row(ctx: Context, ref: str | None, *, for_update: bool = False):
     """The ACTIVE cluster named by `ref` (name or ARN; default cluster when omitted)."""
     name = arns.short_name(ref, "cluster", "cluster") if ref else DEFAULT_CLUSTER
-    stmt = select(clusters).where(clusters.c.name == name)
-    if for_update:
-        stmt = stmt.with_for_update()
-    row = ctx.conn.execute(stmt).first()
+    row = (_CLUSTER_FOR_UPDATE if for_update else _CLUSTER).first(ctx.conn, {"name": name})
     if row is None or row.status != "ACTIVE":
         raise ClusterNotFound(f"Cluster not found: '{ref or DEFAULT_CLUSTER}'.")
     return row

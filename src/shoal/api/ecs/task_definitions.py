@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import bindparam, case, func, insert, select, update
 
 from shoal.api.ecs.common import check_tags, failure, page
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, task_definitions
 from shoal.domain.errors import ClientError, InvalidParameter
 from shoal.store.db import StaleWrite
+from shoal.store.prepared import Prepared
 from shoal.store.tables import task_definition_families, task_definitions as tds
+
+
+_BY_REVISION = select(tds).where(tds.c.family == bindparam("family"), tds.c.revision == bindparam("revision"))
+_LATEST_ACTIVE = (select(tds).where(tds.c.family == bindparam("family"), tds.c.status == "ACTIVE")
+                  .order_by(tds.c.revision.desc()).limit(1))
+_RESOLVE = {(by_revision, lock): Prepared(stmt.with_for_update() if lock else stmt)
+            for by_revision, stmt in ((True, _BY_REVISION), (False, _LATEST_ACTIVE)) for lock in (True, False)}
 
 
 def _next_revision(ctx: Context, family: str) -> int:
@@ -54,14 +62,10 @@ def resolve(ctx: Context, ref: str, field: str = "taskDefinition", *, active_onl
     """`family` (latest ACTIVE revision), `family:revision`, or a full ARN."""
     name = arns.short_name(ref, "task-definition", field) if arns.is_arn(ref) else ref
     family, _, rev = name.partition(":")
-    stmt = select(tds).where(tds.c.family == family)
-    if rev:
-        if not rev.isdigit():
-            raise InvalidParameter(f"Invalid parameter '{field}': revision '{rev}' is not a number.")
-        stmt = stmt.where(tds.c.revision == int(rev))
-    else:
-        stmt = stmt.where(tds.c.status == "ACTIVE").order_by(tds.c.revision.desc()).limit(1)
-    row = ctx.conn.execute(stmt.with_for_update() if for_update else stmt).first()
+    if rev and not rev.isdigit():
+        raise InvalidParameter(f"Invalid parameter '{field}': revision '{rev}' is not a number.")
+    params = {"family": family, "revision": int(rev)} if rev else {"family": family}
+    row = _RESOLVE[bool(rev), for_update].first(ctx.conn, params)
     if row is None or row.status == "DELETE_IN_PROGRESS" or (active_only and row.status != "ACTIVE"):
         raise ClientError(f"Unable to describe task definition '{ref}': it does not exist"
                           + (" or is not ACTIVE." if active_only else "."))

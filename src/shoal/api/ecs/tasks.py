@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 
 from shoal.api import idempotency
 from shoal.api.ecs import capacity_providers as cps
@@ -22,7 +22,13 @@ from shoal.domain import tasks as domain
 from shoal.domain.errors import InvalidParameter
 from shoal.events.envelope import TASK_STATE_CHANGE, event_detail
 from shoal.store.db import StaleWrite
+from shoal.store.prepared import Prepared
 from shoal.store.tables import container_instances, tasks
+
+# Built once: RunTask and DescribeTasks are the hottest calls (see shoal.store.prepared).
+INSERT_TASK = Prepared(insert(tasks))
+TASKS_BY_ID = select(tasks.c.id, tasks.c.doc).where(
+    tasks.c.cluster_name == bindparam("cluster"), tasks.c.id.in_(bindparam("ids", expanding=True)))
 
 MAX_CONSTRAINTS = 10
 MAX_STRATEGIES = 5
@@ -134,11 +140,11 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
             group=req.get("group"), started_by=req.get("startedBy"), tags=tags, now=ctx.now,
             container_instance_arn=instance_arn,
         )
-        ctx.conn.execute(insert(tasks).values(
+        INSERT_TASK.run(ctx.conn, dict(
             arn=task_arn, id=task_id, cluster_name=cluster.name, last_status=last_status,
             desired_status="RUNNING", family=td["family"], started_by=req.get("startedBy"),
-            launch_type=launch_type, container_instance_arn=instance_arn, created_at=ctx.now, version=1,
-            doc=dumps(doc), placement=dumps(placement)))
+            service_name=None, launch_type=launch_type, container_instance_arn=instance_arn,
+            created_at=ctx.now, version=1, doc=dumps(doc), placement=dumps(placement)))
         emit_task_change(ctx, doc)
         docs.append(doc)
     return docs
@@ -220,8 +226,7 @@ def describe_tasks(ctx: Context, req: dict) -> dict:
     if len(refs) > 100:
         raise InvalidParameter("Invalid parameter 'tasks': at most 100 tasks per call.")
     ids = [arns.short_name(r, "task", "tasks") for r in refs]
-    rows = {r.id: r.doc for r in ctx.conn.execute(
-        select(tasks.c.id, tasks.c.doc).where(tasks.c.cluster_name == cluster.name, tasks.c.id.in_(ids)))}
+    rows = {r.id: r.doc for r in ctx.conn.execute(TASKS_BY_ID, {"cluster": cluster.name, "ids": ids})}
     include = req.get("include")
     found, failures = [], []
     for ref, task_id in zip(refs, ids):

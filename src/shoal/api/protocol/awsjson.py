@@ -11,9 +11,6 @@ import json
 import logging
 import uuid
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from shoal.api.operations import Context, Registry
 from shoal.api.protocol import sigv4
 from shoal.api.protocol.validation import service_model, validate
@@ -24,13 +21,8 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/x-amz-json-1.1"
 
 
-def _respond(status: int, body: dict, request_id: str) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status_code=status, media_type=CONTENT_TYPE,
-                    headers={"x-amzn-RequestId": request_id})
-
-
-def error_response(err: ApiError, request_id: str) -> Response:
-    return _respond(err.status, {"__type": err.code, "message": err.message}, request_id)
+def error_body(err: ApiError) -> bytes:
+    return json.dumps({"__type": err.code, "message": err.message}).encode()
 
 
 def _without_nulls(value):
@@ -49,22 +41,38 @@ class AwsJsonEndpoint:
         self.credentials = credentials  # None: authentication disabled (--insecure-no-auth)
         self.registries = {r.target_prefix: r for r in registries}
 
-    async def handle(self, request: Request) -> Response:
-        request_id = str(uuid.uuid4())
-        try:
-            body = await request.body()
-            self.authenticate(request, body)
-            return _respond(200, await self._dispatch(request.headers.get("x-amz-target", ""), body), request_id)
-        except ApiError as err:
-            return error_response(err, request_id)
-        except Exception:
-            log.exception("internal error in request %s", request_id)
-            return error_response(ServerError("Internal server error; see the server log."), request_id)
+    async def __call__(self, scope, receive, send) -> None:
+        """ASGI entry for `POST /`. Raw ASGI rather than a framework route: this is the hot path,
+        and it needs nothing from routing or middleware."""
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        status, payload = await self.handle(scope["method"], scope["path"], scope["query_string"].decode(),
+                                            headers, bytes(body))
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(payload)).encode()),
+            (b"x-amzn-requestid", str(uuid.uuid4()).encode())]})
+        await send({"type": "http.response.body", "body": payload})
 
-    def authenticate(self, request: Request, body: bytes) -> None:
+    async def handle(self, method: str, path: str, query: str, headers: dict[str, str],
+                     body: bytes) -> tuple[int, bytes]:
+        try:
+            self.authenticate(method, path, query, headers, body)
+            result = await self._dispatch(headers.get("x-amz-target", ""), body)
+            return 200, json.dumps(result, separators=(",", ":")).encode()
+        except ApiError as err:
+            return err.status, error_body(err)
+        except Exception:
+            log.exception("internal error in %s", headers.get("x-amz-target"))
+            return 500, error_body(ServerError("Internal server error; see the server log."))
+
+    def authenticate(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes) -> None:
         if self.credentials is not None:
-            sigv4.verify(request.method, request.url.path, request.url.query,
-                         {k.lower(): v for k, v in request.headers.items()}, body, self.credentials)
+            sigv4.verify(method, path, query, headers, body, self.credentials)
 
     async def _dispatch(self, target: str, body: bytes) -> dict:
         prefix, _, name = target.partition(".")
