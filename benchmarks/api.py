@@ -4,7 +4,8 @@ What is measured, and why:
 
 * RunTask: the hot write path (validate, resolve the task definition, insert the task and its
   "ECS Task State Change" event in one committed SQLite transaction on the single writer thread).
-  N calls from C client threads; throughput = calls / wall time, plus p50/p99 per-call latency.
+  N calls from 2 forked client processes of 8 threads each (one boto3 process is GIL-bound near
+  one core; concurrent writes share the server's group commits); throughput = calls / wall time, plus p50/p99 per-call latency.
 * DescribeTasks: the hot read path, 10 task ARNs per call (drawn from the tasks just created),
   first from C client threads (throughput), then from a single client (the latency figure: no
   queueing behind other clients, so p99 shows the cost of one call).
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -154,6 +156,44 @@ def timed(clients: list, calls: int, call) -> tuple[list[float], float, list]:
     return latencies, wall, results
 
 
+def timed_in_processes(srv: "Server", processes: int, threads: int, calls: int, call):
+    """`timed` spread over forked client processes, each with `threads` clients of its own.
+
+    One Python process of boto3 clients tops out near one core (the GIL); on a 2-core machine
+    that, not the server, caps a write-heavy phase. Returns latencies, wall time, results and the
+    client processes' CPU time."""
+    ready = multiprocessing.Barrier(processes + 1)
+    out = multiprocessing.Queue()
+
+    def child(p: int) -> None:
+        clients = [srv.client() for _ in range(threads)]
+        for c in clients:
+            c.list_clusters()  # warm up
+        mine = list(range(p, calls, processes))
+        ready.wait()
+        lat, _wall, res = timed(clients, len(mine), lambda c, j: call(c, mine[j]))
+        out.put((mine, lat, res))
+
+    children = [multiprocessing.Process(target=child, args=(p,)) for p in range(processes)]
+    for c in children:
+        c.start()
+    before = os.times()
+    ready.wait()
+    t0 = time.perf_counter()
+    latencies: list[float] = [0.0] * calls
+    results: list = [None] * calls
+    for _ in children:
+        mine, lat, res = out.get()
+        for i, latency, result in zip(mine, lat, res):
+            latencies[i], results[i] = latency, result
+    wall = time.perf_counter() - t0
+    for c in children:
+        c.join()
+    after = os.times()
+    client_cpu = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+    return latencies, wall, results, client_cpu
+
+
 def summary(latencies: list[float], wall: float, clients: int, cpu: float | None, client_cpu: float) -> dict:
     ordered = sorted(latencies)
 
@@ -186,8 +226,14 @@ def bench(srv: Server, args) -> dict:
     for c in clients:  # warm up: connection, credentials, the service model's first load
         c.describe_clusters(clusters=[cluster])
 
-    run, results = phase(srv, clients, args.runtask, lambda c, i: c.run_task(
-        cluster=cluster, taskDefinition=td, count=1, startedBy="bench", **srv.run_args))
+    cpu0 = cpu_seconds(srv.proc.pid)
+    latencies, wall, results, client_cpu = timed_in_processes(
+        srv, args.client_processes, args.runtask_clients, args.runtask, lambda c, i: c.run_task(
+            cluster=cluster, taskDefinition=td, count=1, startedBy="bench", **srv.run_args)["tasks"])
+    cpu1 = cpu_seconds(srv.proc.pid)
+    run = summary(latencies, wall, args.client_processes * args.runtask_clients,
+                  cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None, client_cpu)
+    results = [{"tasks": r} for r in results]
     task_arns = [r["tasks"][0]["taskArn"] for r in results]
     rng = random.Random(42)
     batches = [rng.sample(task_arns, min(10, len(task_arns))) for _ in range(args.describe)]
@@ -197,7 +243,7 @@ def bench(srv: Server, args) -> dict:
         if len(got["tasks"]) != len(batches[i]):
             raise RuntimeError(f"{srv.name}: DescribeTasks returned {len(got['tasks'])} of {len(batches[i])}")
 
-    many, _ = phase(srv, clients, args.describe, describe)
+    many, _ = phase(srv, clients[:args.clients], args.describe, describe)
     single, _ = phase(srv, clients[:1], args.describe, describe)
     return {"runtask": run, "describe_tasks": many, "describe_tasks_single_client": single}
 
@@ -216,11 +262,15 @@ def main() -> None:
     ap.add_argument("--runtask", type=int, default=2000, help="RunTask calls (default 2000)")
     ap.add_argument("--describe", type=int, default=2000, help="DescribeTasks calls per phase (default 2000)")
     ap.add_argument("--clients", type=int, default=4,
-                    help="concurrent client threads (default 4: peak throughput here, see BENCHMARKS.md)")
+                    help="concurrent DescribeTasks client threads (default 4, see BENCHMARKS.md)")
+    ap.add_argument("--runtask-clients", type=int, default=8,
+                    help="RunTask client threads per client process (default 8)")
+    ap.add_argument("--client-processes", type=int, default=2,
+                    help="RunTask client processes (default 2: one boto3 process is GIL-bound near one core)")
     ap.add_argument("--no-moto", action="store_true", help="skip the moto side")
     args = ap.parse_args()
-    if min(args.runtask, args.describe, args.clients) < 1:
-        ap.error("--runtask, --describe and --clients must be at least 1")
+    if min(args.runtask, args.describe, args.clients, args.runtask_clients, args.client_processes) < 1:
+        ap.error("--runtask, --describe, --clients, --runtask-clients and --client-processes must be at least 1")
 
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -51,12 +51,16 @@ class Prepared:
         finally:
             cursor.close()
 
-    def first(self, conn: Connection, params: dict):
+    def all(self, conn: Connection, params: dict) -> list:
         cursor = self._cursor(conn, params)
         try:
-            row = cursor.fetchone()
-            if row is not None and self._row_type is None:
+            rows = cursor.fetchall()
+            if rows and self._row_type is None:
                 self._row_type = namedtuple("Row", [d[0] for d in cursor.description])
         finally:
             cursor.close()
-        return None if row is None else self._row_type(*row)
+        return [self._row_type(*row) for row in rows]
+
+    def first(self, conn: Connection, params: dict):
+        rows = self.all(conn, params)
+        return rows[0] if rows else None

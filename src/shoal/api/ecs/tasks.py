@@ -7,6 +7,7 @@ capacity provider strategy brings them, PENDING otherwise. Each change writes it
 
 from __future__ import annotations
 
+import functools
 import json
 
 from sqlalchemy import bindparam, insert, select, update
@@ -27,8 +28,15 @@ from shoal.store.tables import container_instances, tasks
 
 # Built once: RunTask and DescribeTasks are the hottest calls (see shoal.store.prepared).
 INSERT_TASK = Prepared(insert(tasks))
-TASKS_BY_ID = select(tasks.c.id, tasks.c.doc).where(
-    tasks.c.cluster_name == bindparam("cluster"), tasks.c.id.in_(bindparam("ids", expanding=True)))
+
+
+@functools.cache
+def _tasks_by_id(count: int) -> Prepared:
+    """SELECT … WHERE id IN (:id0, …): one prepared statement per list length (at most 100)."""
+    ids = [bindparam(f"id{i}") for i in range(count)]
+    return Prepared(select(tasks.c.id, tasks.c.doc).where(tasks.c.cluster_name == bindparam("cluster"),
+                                                          tasks.c.id.in_(ids)))
+
 
 MAX_CONSTRAINTS = 10
 MAX_STRATEGIES = 5
@@ -226,7 +234,9 @@ def describe_tasks(ctx: Context, req: dict) -> dict:
     if len(refs) > 100:
         raise InvalidParameter("Invalid parameter 'tasks': at most 100 tasks per call.")
     ids = [arns.short_name(r, "task", "tasks") for r in refs]
-    rows = {r.id: r.doc for r in ctx.conn.execute(TASKS_BY_ID, {"cluster": cluster.name, "ids": ids})}
+    unique_ids = sorted(set(ids))
+    params = {"cluster": cluster.name, **{f"id{i}": task_id for i, task_id in enumerate(unique_ids)}}
+    rows = {r.id: r.doc for r in _tasks_by_id(len(unique_ids)).all(ctx.conn, params)} if unique_ids else {}
     include = req.get("include")
     found, failures = [], []
     for ref, task_id in zip(refs, ids):
