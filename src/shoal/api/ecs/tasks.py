@@ -109,15 +109,15 @@ def run_task(ctx: Context, req: dict) -> dict:
     placement = {**_check_placement(td, req), "capacityProviderStrategy": strategy}
     docs = _create_tasks(ctx, req, cluster, td, count, launch_type=launch_type, placement=placement,
                          last_status="PROVISIONING" if strategy else "PENDING")
-    response = {"tasks": [without_tags(d, ["TAGS"]) for d in docs], "failures": []}
-    idempotency.remember(ctx, "RunTask", req, response)
-    return response
+    # What a retry with the same clientToken gets back: the same tasks, as they are by then.
+    idempotency.remember(ctx, "RunTask", req, {"taskArns": [d["taskArn"] for d in docs]})
+    return {"tasks": docs, "failures": []}
 
 
-def _refresh(ctx: Context, response: dict) -> dict:
-    arns_ = [t["taskArn"] for t in response["tasks"]]
-    rows = {r.arn: json.loads(r.doc) for r in ctx.conn.execute(select(tasks).where(tasks.c.arn.in_(arns_)))}
-    return {**response, "tasks": [rows.get(a, t) for a, t in zip(arns_, response["tasks"])]}
+def _refresh(ctx: Context, remembered: dict) -> dict:
+    rows = {r.arn: json.loads(r.doc) for r in ctx.conn.execute(
+        select(tasks.c.arn, tasks.c.doc).where(tasks.c.arn.in_(remembered["taskArns"])))}
+    return {"tasks": [rows[arn] for arn in remembered["taskArns"]], "failures": []}
 
 
 def _check_common(req: dict) -> None:
@@ -183,7 +183,7 @@ def start_task(ctx: Context, req: dict) -> dict:
     placement = {"placementConstraints": [], "placementStrategy": [], "capacityProviderStrategy": []}
     docs = _create_tasks(ctx, req, cluster, td, len(refs), launch_type="EC2", placement=placement,
                          last_status="PENDING", instance_arns=instance_arns)
-    return {"tasks": [without_tags(d, ["TAGS"]) for d in docs], "failures": []}
+    return {"tasks": docs, "failures": []}
 
 
 def _task_row(ctx: Context, cluster, ref: str, field: str, *, for_update: bool = False):
