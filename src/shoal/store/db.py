@@ -25,6 +25,8 @@ from typing import Callable, TypeVar
 from sqlalchemy import Connection, Table, create_engine, event, exc, update
 from sqlalchemy.engine import make_url
 
+from shoal.domain.errors import ServerError
+
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -109,9 +111,6 @@ class Store:
         self._queue.put(_Unit(fn, future))
         return future
 
-    def write_sync(self, fn: Callable[[Connection], T]) -> T:
-        return self.submit(fn).result()
-
     def read_sync(self, fn: Callable[[Connection], T]) -> T:
         with self.read_engine.connect() as conn, conn.begin():  # one snapshot for the whole read
             return fn(conn)
@@ -133,33 +132,41 @@ class Store:
                 conn.close()
                 return
 
-    def _run_batch(self, conn: Connection, batch: list["_Unit"]) -> None:
+    def _run_batch(self, conn: Connection, batch: list[_Unit]) -> None:
         if not batch:
             return
         done: list[tuple[_Unit, object, BaseException | None]] = []
         again: list[_Unit] = []
         try:
-            with conn.begin():
-                for unit in batch:
-                    savepoint = conn.begin_nested()
-                    try:
-                        result = unit.fn(conn)
-                        savepoint.commit()
-                        done.append((unit, result, None))
-                    except Exception as err:
-                        savepoint.rollback()
-                        if self._retryable(err) and unit.attempts < WRITE_ATTEMPTS:
-                            again.append(unit)
-                        else:
-                            done.append((unit, None, err))
-        except Exception as err:  # the commit itself failed: nothing in this batch applied
-            log.warning("batch of %d writes failed to commit: %s", len(batch), err)
-            done, again = [], []
+            transaction = conn.begin()
             for unit in batch:
-                if unit.attempts < WRITE_ATTEMPTS:
-                    again.append(unit)
-                else:
-                    done.append((unit, None, err))
+                savepoint = conn.begin_nested()
+                try:
+                    result = unit.fn(conn)
+                    savepoint.commit()
+                    done.append((unit, result, None))
+                except Exception as err:
+                    savepoint.rollback()
+                    if self._retryable(err) and unit.attempts < WRITE_ATTEMPTS:
+                        again.append(unit)
+                    else:
+                        done.append((unit, None, err))
+        except Exception as err:  # before COMMIT: nothing applied, so every unit may run again
+            log.warning("batch of %d writes failed before commit: %s", len(batch), err)
+            self._rollback_quietly(conn)
+            again = [u for u in batch if u.attempts < WRITE_ATTEMPTS]
+            done = [(u, None, err) for u in batch if u.attempts >= WRITE_ATTEMPTS]
+        else:
+            try:
+                transaction.commit()
+            except Exception as err:
+                # A connection lost during COMMIT leaves the outcome unknown: never apply a unit
+                # twice on our own. Callers see a server error; a RunTask retried with its
+                # clientToken is deduplicated.
+                log.error("commit of %d writes failed: %s", len(batch), err)
+                self._rollback_quietly(conn)
+                failure = ServerError("The write could not be committed; it may or may not have applied.")
+                done, again = [(u, None, failure) for u in batch], []
         for unit, result, err in done:
             if err is None:
                 unit.future.set_result(result)
@@ -170,6 +177,13 @@ class Store:
             for unit in again:
                 unit.attempts += 1
                 self._queue.put(unit)
+
+    @staticmethod
+    def _rollback_quietly(conn: Connection) -> None:
+        try:
+            conn.rollback()
+        except Exception:  # the connection is gone; the writer loop replaces it
+            conn.invalidate()
 
     def _retryable(self, err: Exception) -> bool:
         if isinstance(err, StaleWrite | exc.IntegrityError):
