@@ -1,4 +1,5 @@
-"""Server settings: flags > environment (`SHOAL_*`) > defaults."""
+"""Server settings. The CLI fills them from flags, then the environment (`SHOAL_*`), then
+defaults; a config file comes when there is something that needs one."""
 
 from __future__ import annotations
 
@@ -22,32 +23,32 @@ class Settings:
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir / 'shoal.db').resolve()}"
 
-    @classmethod
-    def from_env(cls, **overrides) -> "Settings":
-        env = os.environ
-        s = cls(
-            data_dir=Path(env.get("SHOAL_DATA_DIR", ".shoal")),
-            db_url=env.get("SHOAL_DB") or None,
-            region=env.get("SHOAL_REGION", "local"),
-            account=env.get("SHOAL_ACCOUNT", "000000000000"),
-        )
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(s, key, value)
-        return s
+
+
+def load_credentials(data_dir: Path) -> tuple[str, str] | None:
+    path = data_dir / "credentials.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return data["accessKeyId"], data["secretAccessKey"]
 
 
 def load_or_create_credentials(data_dir: Path) -> tuple[str, str]:
     """The local access key pair, kept in the data dir so that restarts keep it."""
-    path = data_dir / "credentials.json"
-    if path.exists():
-        data = json.loads(path.read_text())
-        return data["accessKeyId"], data["secretAccessKey"]
+    found = load_credentials(data_dir)
+    if found:
+        return found
     data_dir.mkdir(parents=True, exist_ok=True)
     key_id = "SHOAL" + secrets.token_hex(8).upper()
     secret = secrets.token_urlsafe(30)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"accessKeyId": key_id, "secretAccessKey": secret}))
-    tmp.chmod(0o600)
-    tmp.replace(path)
-    return key_id, secret
+    tmp = data_dir / f"credentials.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"accessKeyId": key_id, "secretAccessKey": secret}))
+    try:
+        os.link(tmp, data_dir / "credentials.json")  # first writer wins if two start at once
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return load_credentials(data_dir)

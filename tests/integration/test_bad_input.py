@@ -10,6 +10,7 @@ cluster itself (tags included), its container instances and their attributes.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass
@@ -267,6 +268,20 @@ CASES = [
     Case("negative-cpu-on-register-instance", "register_container_instance",
          lambda e: {"cluster": e.cluster, "totalResources": [{"name": "CPU", "type": "INTEGER", "integerValue": -1}]},
          "InvalidParameterException", ("totalResources[0].integerValue",)),
+    Case("identity-document-not-an-object", "register_container_instance",
+         lambda e: {"cluster": e.cluster, "instanceIdentityDocument": "[1]"},
+         "InvalidParameterException", ("instanceIdentityDocument",)),
+    Case("forged-nextToken", "list_tasks",
+         lambda e: {"cluster": e.cluster, "nextToken": base64.urlsafe_b64encode(b'{"o": "x"}').decode()},
+         "InvalidParameterException", ("nextToken",)),
+    Case("revision-out-of-range", "describe_task_definition",
+         lambda e: {"taskDefinition": f"{e.family}:99999999999999999999"},
+         "InvalidParameterException", ("taskDefinition", "revision")),
+    Case("cpu-overflows", "register_task_definition", td(c(), cpu="1" * 400 + " vCPU"),
+         "InvalidParameterException", ("'cpu'",)),
+    Case("duplicate-tag-keys", "create_cluster",
+         lambda e: {"clusterName": "dup-tags", "tags": [{"key": "a", "value": "1"}, {"key": "a", "value": "2"}]},
+         "InvalidParameterException", ("tags[1].key", "duplicate")),
     Case("put-builtin-ecs-attribute", "put_attributes",
          lambda e: {"cluster": e.cluster, "attributes": [{"name": "ecs.os-type", "value": "windows",
                                                           "targetId": e.instance_arn}]},

@@ -91,3 +91,13 @@ def test_a_tailing_reader_sees_every_event_exactly_once_while_writers_race(two_s
     assert len(all_events) == 240
     assert len(seen) == len(set(seen)), "no event twice"
     assert set(seen) == set(all_events), "no event skipped"
+
+
+def test_one_client_token_sent_to_both_servers_at_once_makes_one_task(two_servers):
+    ecs = two_servers[0].client()
+    ecs.create_cluster(clusterName="token")
+    ecs.register_task_definition(family="token", containerDefinitions=[{"name": "c", "image": "x", "memory": 64}])
+    arns = _hammer(two_servers, lambda c, i: c.run_task(cluster="token", taskDefinition="token",
+                                                        clientToken="same-token")["tasks"][0]["taskArn"], 16)
+    assert len(set(arns)) == 1
+    assert ecs.list_tasks(cluster="token")["taskArns"] == arns[:1]

@@ -11,7 +11,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from shoal.cli.server import DEFAULT_PORT
-from shoal.config import load_or_create_credentials
+from shoal.config import load_credentials
 
 
 def endpoint() -> str:
@@ -21,7 +21,12 @@ def endpoint() -> str:
 def _credentials() -> Credentials:
     key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
     if not (key and secret):
-        key, secret = load_or_create_credentials(Path(os.environ.get("SHOAL_DATA_DIR", ".shoal")))
+        data_dir = Path(os.environ.get("SHOAL_DATA_DIR", ".shoal"))
+        found = load_credentials(data_dir)
+        if found is None:
+            raise SystemExit(f"no credentials: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (printed by "
+                             f"`shoal up`) or SHOAL_DATA_DIR (none in {data_dir}/credentials.json)")
+        key, secret = found
     return Credentials(key, secret)
 
 

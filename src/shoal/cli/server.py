@@ -66,7 +66,8 @@ def server(
 
 def up(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
-    data_dir: Annotated[Path, typer.Option(help="Where the store and credentials live.")] = Path(".shoal"),
+    data_dir: Annotated[Path, typer.Option(help="Where the store and credentials live.",
+                                           envvar="SHOAL_DATA_DIR")] = Path(".shoal"),
 ) -> None:
     """Run shoal on this machine: the control plane on SQLite under ./.shoal/."""
     key_id, secret = load_or_create_credentials(data_dir)

@@ -26,7 +26,7 @@ def parse_cpu(value: str, field: str = "cpu") -> int:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*vcpu", text)
     try:
         units = int(float(m.group(1)) * 1024) if m else int(text)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise InvalidParameter(f"Invalid parameter '{field}': '{value}' is neither CPU units nor 'N vCPU'.") from None
     if units < 1:
         raise InvalidParameter(f"Invalid parameter '{field}': must be at least 1 CPU unit.")
@@ -39,7 +39,7 @@ def parse_memory(value: str, field: str = "memory") -> int:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*gb", text)
     try:
         mib = int(float(m.group(1)) * 1024) if m else int(text)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise InvalidParameter(f"Invalid parameter '{field}': '{value}' is neither MiB nor 'N GB'.") from None
     if mib < 6:
         raise InvalidParameter(f"Invalid parameter '{field}': a task needs at least 6 MiB of memory.")

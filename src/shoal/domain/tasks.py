@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from shoal.domain.errors import InvalidParameter
 
-# lastStatus, in lifecycle order (ECS adds DELETED, shown only by DescribeTasks).
-LIFECYCLE = ("PROVISIONING", "PENDING", "ACTIVATING", "RUNNING", "DEACTIVATING", "STOPPING",
-             "DEPROVISIONING", "STOPPED")
+# The lastStatus values before RUNNING (lifecycle: PROVISIONING → PENDING → ACTIVATING → RUNNING
+# → DEACTIVATING → STOPPING → DEPROVISIONING → STOPPED).
 PENDING_STATES = ("PROVISIONING", "PENDING", "ACTIVATING")
-STOP_CODES = ("TaskFailedToStart", "EssentialContainerExited", "UserInitiated", "ServiceSchedulerInitiated",
-              "SpotInterruption", "TerminationNotice", "InfrastructureHealth")
 
 
 def check_overrides(task_definition: dict, overrides: dict) -> None:
@@ -21,8 +18,7 @@ def check_overrides(task_definition: dict, overrides: dict) -> None:
 
 
 def new_task(*, task_arn: str, cluster_arn: str, task_definition: dict, container_arns: list[str],
-             overrides: dict, last_status: str, launch_type: str | None, capacity_provider: str | None,
-             group: str | None, started_by: str | None, tags: list[dict], now: float,
+             overrides: dict, last_status: str, launch_type: str | None, group: str | None, started_by: str | None, tags: list[dict], now: float,
              container_instance_arn: str | None = None) -> dict:
     """The document of a task as RunTask/StartTask create it: nothing has run yet."""
     by_name = {co["name"]: co for co in overrides.get("containerOverrides", [])}
@@ -69,8 +65,7 @@ def new_task(*, task_arn: str, cluster_arn: str, task_definition: dict, containe
     }
     for key, value in (("cpu", overrides.get("cpu") or task_definition.get("cpu")),
                        ("memory", overrides.get("memory") or task_definition.get("memory")),
-                       ("launchType", launch_type), ("capacityProviderName", capacity_provider),
-                       ("startedBy", started_by), ("containerInstanceArn", container_instance_arn)):
+                       ("launchType", launch_type), ("startedBy", started_by), ("containerInstanceArn", container_instance_arn)):
         if value is not None:
             doc[key] = value
     return doc

@@ -7,7 +7,6 @@ SOURCE = "shoal.ecs"
 
 TASK_STATE_CHANGE = "ECS Task State Change"
 CONTAINER_INSTANCE_STATE_CHANGE = "ECS Container Instance State Change"
-CONTAINER_INSTANCE_HEALTH_CHANGE = "ECS Container Instance Health Change"
 
 
 def iso(epoch: float) -> str:

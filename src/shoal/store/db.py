@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from sqlalchemy import Connection, Table, create_engine, event, exc, update
+from sqlalchemy import Connection, Table, create_engine, event, update
 from sqlalchemy.engine import make_url
 
 from shoal.domain.errors import ServerError
@@ -112,7 +112,9 @@ class Store:
         return future
 
     def read_sync(self, fn: Callable[[Connection], T]) -> T:
-        with self.read_engine.connect() as conn, conn.begin():  # one snapshot for the whole read
+        # One transaction per read: a single snapshot on SQLite (PostgreSQL's READ COMMITTED takes
+        # one per statement, which is enough for a single describe or list).
+        with self.read_engine.connect() as conn, conn.begin():
             return fn(conn)
 
     def _writer_loop(self) -> None:
@@ -125,11 +127,20 @@ class Store:
                 except queue.Empty:
                     break
             stop = any(unit is None for unit in batch)  # close(): finish what was queued, then stop
-            if conn is None or conn.invalidated or conn.closed:
-                conn = self.write_engine.connect()
-            self._run_batch(conn, [u for u in batch if u is not None])
+            units = [u for u in batch if u is not None and self._still_wanted(u)]
+            try:
+                if conn is None or conn.invalidated or conn.closed:
+                    conn = self.write_engine.connect()
+                self._run_batch(conn, units)
+            except Exception as err:  # e.g. the database is unreachable: fail these, keep serving
+                log.error("write batch failed: %s", err)
+                conn = None
+                for unit in units:
+                    if not unit.future.done():
+                        unit.future.set_exception(err)
             if stop:
-                conn.close()
+                if conn is not None:
+                    conn.close()
                 return
 
     def _run_batch(self, conn: Connection, batch: list[_Unit]) -> None:
@@ -147,15 +158,15 @@ class Store:
                     done.append((unit, result, None))
                 except Exception as err:
                     savepoint.rollback()
-                    if self._retryable(err) and unit.attempts < WRITE_ATTEMPTS:
+                    if self._retryable(err) and unit.attempts + 1 < WRITE_ATTEMPTS:
                         again.append(unit)
                     else:
                         done.append((unit, None, err))
         except Exception as err:  # before COMMIT: nothing applied, so every unit may run again
             log.warning("batch of %d writes failed before commit: %s", len(batch), err)
             self._rollback_quietly(conn)
-            again = [u for u in batch if u.attempts < WRITE_ATTEMPTS]
-            done = [(u, None, err) for u in batch if u.attempts >= WRITE_ATTEMPTS]
+            again = [u for u in batch if u.attempts + 1 < WRITE_ATTEMPTS]
+            done = [(u, None, err) for u in batch if u.attempts + 1 >= WRITE_ATTEMPTS]
         else:
             try:
                 transaction.commit()
@@ -179,6 +190,11 @@ class Store:
                 self._queue.put(unit)
 
     @staticmethod
+    def _still_wanted(unit: _Unit) -> bool:
+        """False for a unit whose caller went away (request cancelled) before it ran."""
+        return unit.attempts > 0 or unit.future.set_running_or_notify_cancel()
+
+    @staticmethod
     def _rollback_quietly(conn: Connection) -> None:
         try:
             conn.rollback()
@@ -186,11 +202,16 @@ class Store:
             conn.invalidate()
 
     def _retryable(self, err: Exception) -> bool:
-        if isinstance(err, StaleWrite | exc.IntegrityError):
+        """A lost race: a stale version, a unique key taken meanwhile, a serialization failure
+        or deadlock (PostgreSQL), a busy database (SQLite). Prepared statements raise the
+        driver's own exceptions, so both SQLAlchemy's wrappers and the DBAPI's are recognised."""
+        if isinstance(err, StaleWrite):
             return True
-        # PostgreSQL serialization failure / deadlock; SQLite "database is locked".
-        code = getattr(getattr(err, "orig", None), "sqlstate", None)
-        return code in ("40001", "40P01") or "database is locked" in str(err)
+        orig = getattr(err, "orig", err)
+        dbapi = self.write_engine.dialect.dbapi
+        if isinstance(orig, dbapi.IntegrityError):
+            return True
+        return getattr(orig, "sqlstate", None) in ("40001", "40P01") or "database is locked" in str(orig)
 
     # -- asynchronous front doors for the ASGI app --------------------------------------
     async def write(self, fn: Callable[[Connection], T]) -> T:

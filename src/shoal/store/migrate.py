@@ -20,6 +20,9 @@ def upgrade(engine: Engine) -> None:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
             conn.commit()
+        except Exception:
+            conn.rollback()  # so that the unlock below can run and the real error surfaces
+            raise
         finally:
             if engine.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK})

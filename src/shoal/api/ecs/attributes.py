@@ -21,7 +21,9 @@ BUILTIN_PREFIX = "ecs."
 
 
 def _targets(ctx: Context, cluster, attributes: list[dict]) -> dict[str, tuple]:
-    """Validate every attribute first (nothing is written unless all are valid)."""
+    """Validate every attribute first (nothing is written unless all are valid).
+
+    Returns {instance ARN: (row, [attributes])}, and sets each attribute's resolved `targetArn`."""
     targets = {}
     for i, attr in enumerate(attributes):
         path = f"attributes[{i}]"
@@ -40,6 +42,7 @@ def _targets(ctx: Context, cluster, attributes: list[dict]) -> dict[str, tuple]:
         if row is None or row.status == "INACTIVE":
             raise ApiError(f"Could not find container instance '{attr['targetId']}' in cluster '{cluster.name}'.",
                            "TargetNotFoundException")
+        attr["targetArn"] = row.arn
         targets.setdefault(row.arn, (row, []))[1].append(attr)
     return targets
 
@@ -69,13 +72,8 @@ def put_attributes(ctx: Context, req: dict) -> dict:
             raise ApiError(f"A container instance can have at most {MAX_CUSTOM} custom attributes.",
                            "AttributeLimitExceededException")
         doc["attributes"] = list(current.values())
-        doc["version"] = row.version + 1
         update_versioned(ctx.conn, cis, {"arn": arn}, row.version, doc=dumps(doc))
-    return {"attributes": [_wire(a, _arn_of(ctx, cluster, a)) for a in req["attributes"]]}
-
-
-def _arn_of(ctx: Context, cluster, attr: dict) -> str:
-    return instance_row(ctx, cluster, attr["targetId"], "targetId").arn
+    return {"attributes": [_wire(a, a["targetArn"]) for a in req["attributes"]]}
 
 
 @ecs.op("DeleteAttributes")
@@ -88,9 +86,8 @@ def delete_attributes(ctx: Context, req: dict) -> dict:
         doc = json.loads(row.doc)
         names = {a["name"] for a in attrs}
         doc["attributes"] = [a for a in doc["attributes"] if a["name"] not in names]
-        doc["version"] = row.version + 1
         update_versioned(ctx.conn, cis, {"arn": arn}, row.version, doc=dumps(doc))
-    return {"attributes": [_wire(a, _arn_of(ctx, cluster, a)) for a in req["attributes"]]}
+    return {"attributes": [_wire(a, a["targetArn"]) for a in req["attributes"]]}
 
 
 @ecs.op("ListAttributes", write=False)

@@ -46,7 +46,7 @@ def create_capacity_provider(ctx: Context, req: dict) -> dict:
         if not req.get("cluster"):
             raise InvalidParameter("Missing required parameter 'cluster': a capacity provider with a "
                                    "managedInstancesProvider belongs to one cluster.")
-        cluster = cluster_row(ctx, req["cluster"], for_update=True)
+        cluster = cluster_row(ctx, req["cluster"], lock="update")
     previous = ctx.conn.execute(
         select(capacity_providers.c.status).where(capacity_providers.c.name == name)).first()
     if previous is not None and previous.status != "INACTIVE":
@@ -135,7 +135,8 @@ def update_capacity_provider(ctx: Context, req: dict) -> dict:
 @ecs.op("DeleteCapacityProvider")
 def delete_capacity_provider(ctx: Context, req: dict) -> dict:
     row = _provider_row(ctx, req["capacityProvider"], "capacityProvider", for_update=True)
-    for cluster in ctx.conn.execute(select(clusters).where(clusters.c.status == "ACTIVE")):
+    active = ctx.conn.execute(select(clusters).where(clusters.c.status == "ACTIVE").with_for_update()).all()
+    for cluster in active:
         strategy = json.loads(cluster.doc)["defaultCapacityProviderStrategy"]
         if any(item["capacityProvider"] == row.name for item in strategy):
             raise ClientError(f"Capacity provider '{row.name}' is in the default strategy of cluster "
@@ -145,7 +146,7 @@ def delete_capacity_provider(ctx: Context, req: dict) -> dict:
     doc.update(status="INACTIVE", updateStatus="DELETE_COMPLETE")
     update_versioned(ctx.conn, capacity_providers, {"name": row.name}, row.version, status="INACTIVE",
                      doc=dumps(doc))
-    for cluster in ctx.conn.execute(select(clusters).where(clusters.c.status == "ACTIVE")):
+    for cluster in active:
         cdoc = json.loads(cluster.doc)
         if row.name in cdoc["capacityProviders"]:
             cdoc["capacityProviders"] = [n for n in cdoc["capacityProviders"] if n != row.name]
@@ -162,15 +163,19 @@ def _check_no_hosts(ctx: Context, provider: str, cluster: str | None = None) -> 
         raise ResourceInUse(f"Capacity provider '{provider}' still has registered container instances.")
 
 
-def check_cluster_association(ctx: Context, cluster: str, names: list[str], strategy: list[dict]) -> None:
-    """Validate a cluster's capacity provider list and default strategy."""
+def cluster_association(ctx: Context, cluster: str, refs: list[str], strategy: list[dict]) -> dict:
+    """Validate a cluster's capacity providers and default strategy; return them in stored form."""
+    names = [arns.short_name(n, "capacity-provider", f"capacityProviders[{i}]") for i, n in enumerate(refs)]
     if len(set(names)) != len(names):
         raise InvalidParameter("Invalid parameter 'capacityProviders': duplicate capacity provider.")
     for i, name in enumerate(names):
-        row = _provider_row(ctx, name, f"capacityProviders[{i}]")
+        row = _provider_row(ctx, name, f"capacityProviders[{i}]", for_update=True)  # not deleted meanwhile
         if row.cluster_name and row.cluster_name != cluster:
             raise InvalidParameter(f"Capacity provider '{name}' belongs to cluster '{row.cluster_name}'.")
     check_strategy(strategy, names, "defaultCapacityProviderStrategy")
+    return {"capacityProviders": names, "defaultCapacityProviderStrategy": [
+        {"capacityProvider": s["capacityProvider"], "weight": s.get("weight", 0), "base": s.get("base", 0)}
+        for s in strategy]}
 
 
 def check_strategy(strategy: list[dict], allowed: list[str], field: str) -> None:
@@ -193,17 +198,13 @@ def check_strategy(strategy: list[dict], allowed: list[str], field: str) -> None
 
 @ecs.op("PutClusterCapacityProviders")
 def put_cluster_capacity_providers(ctx: Context, req: dict) -> dict:
-    cluster = cluster_row(ctx, req["cluster"], for_update=True)
+    cluster = cluster_row(ctx, req["cluster"], lock="update")
     doc = json.loads(cluster.doc)
-    names = [arns.short_name(n, "capacity-provider", "capacityProviders") for n in req["capacityProviders"]]
-    check_cluster_association(ctx, cluster.name, names, req["defaultCapacityProviderStrategy"])
-    for removed in set(doc["capacityProviders"]) - set(names):
+    association = cluster_association(ctx, cluster.name, req["capacityProviders"],
+                                      req["defaultCapacityProviderStrategy"])
+    for removed in set(doc["capacityProviders"]) - set(association["capacityProviders"]):
         _check_no_hosts(ctx, removed, cluster.name)
-    doc["capacityProviders"] = names
-    doc["defaultCapacityProviderStrategy"] = [
-        {"capacityProvider": s["capacityProvider"], "weight": s.get("weight", 0), "base": s.get("base", 0)}
-        for s in req["defaultCapacityProviderStrategy"]
-    ]
+    doc.update(association)
     update_versioned(ctx.conn, clusters, {"name": cluster.name}, cluster.version, doc=dumps(doc))
     return {"cluster": {k: v for k, v in doc.items() if k != "tags"}}
 
@@ -211,7 +212,7 @@ def put_cluster_capacity_providers(ctx: Context, req: dict) -> dict:
 def detach_cluster(ctx: Context, cluster: str) -> None:
     """A deleted cluster takes its managed capacity providers with it."""
     for row in ctx.conn.execute(select(capacity_providers).where(
-            capacity_providers.c.cluster_name == cluster, capacity_providers.c.status != "INACTIVE")):
+            capacity_providers.c.cluster_name == cluster, capacity_providers.c.status != "INACTIVE").with_for_update()):
         doc = json.loads(row.doc)
         doc.update(status="INACTIVE", updateStatus="DELETE_COMPLETE")
         update_versioned(ctx.conn, capacity_providers, {"name": row.name}, row.version,

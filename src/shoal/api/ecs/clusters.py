@@ -10,7 +10,7 @@ from shoal.api.ecs import capacity_providers as cps
 from shoal.api.ecs.common import check_name, check_tags, cluster_row, failure, page
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns
-from shoal.domain.errors import ApiError
+from shoal.domain.errors import ApiError, InvalidParameter
 from shoal.domain.tasks import PENDING_STATES
 from shoal.store.db import update_versioned
 from shoal.store.tables import clusters, container_instances, tasks
@@ -41,11 +41,8 @@ def create_cluster(ctx: Context, req: dict) -> dict:
     if req.get("configuration"):
         doc["configuration"] = req["configuration"]
     if req.get("capacityProviders") or req.get("defaultCapacityProviderStrategy"):
-        cps.check_cluster_association(
-            ctx, name, req.get("capacityProviders", []), req.get("defaultCapacityProviderStrategy", [])
-        )
-        doc["capacityProviders"] = req.get("capacityProviders", [])
-        doc["defaultCapacityProviderStrategy"] = req.get("defaultCapacityProviderStrategy", [])
+        doc.update(cps.cluster_association(ctx, name, req.get("capacityProviders", []),
+                                           req.get("defaultCapacityProviderStrategy", [])))
     if existing is None:
         ctx.conn.execute(insert(clusters).values(name=name, arn=doc["clusterArn"], status="ACTIVE",
                                                  version=1, doc=dumps(doc)))
@@ -85,13 +82,13 @@ def _with_counts(ctx: Context, doc: dict) -> dict:
 def describe_clusters(ctx: Context, req: dict) -> dict:
     refs = req.get("clusters") or ["default"]
     if len(refs) > 100:
-        raise ApiError("Invalid parameter 'clusters': at most 100 clusters per call.", "InvalidParameterException")
+        raise InvalidParameter("Invalid parameter 'clusters': at most 100 clusters per call.")
     include = req.get("include") or []
     names = [arns.short_name(r, "cluster", "clusters") for r in refs]
     rows = {r.name: r for r in ctx.conn.execute(select(clusters).where(clusters.c.name.in_(names)))}
     counts = _counts(ctx, [n for n in names if n in rows])
     found, failures = [], []
-    for ref, name in zip(refs, names):
+    for name in names:
         row = rows.get(name)
         if row is None:
             failures.append(failure(ctx.arns.cluster(name), "MISSING"))
@@ -120,7 +117,7 @@ def list_clusters(ctx: Context, req: dict) -> dict:
 
 @ecs.op("DeleteCluster")
 def delete_cluster(ctx: Context, req: dict) -> dict:
-    row = cluster_row(ctx, req["cluster"], for_update=True)
+    row = cluster_row(ctx, req["cluster"], lock="update")
     instances = ctx.conn.execute(
         select(func.count()).where(container_instances.c.cluster_name == row.name,
                                    container_instances.c.status.in_(LIVE_INSTANCE_STATES))

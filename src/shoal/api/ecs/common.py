@@ -16,8 +16,14 @@ from shoal.store.tables import clusters
 
 DEFAULT_CLUSTER = "default"
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
-_CLUSTER = Prepared(select(clusters).where(clusters.c.name == bindparam("name")))
-_CLUSTER_FOR_UPDATE = Prepared(_CLUSTER.statement.with_for_update())
+_CLUSTER_SELECT = select(clusters).where(clusters.c.name == bindparam("name"))
+_CLUSTER = {
+    None: Prepared(_CLUSTER_SELECT),
+    # Creating something in the cluster: DeleteCluster (which locks for update) must wait, and
+    # concurrent RunTasks must not wait for each other.
+    "share": Prepared(_CLUSTER_SELECT.with_for_update(key_share=True)),
+    "update": Prepared(_CLUSTER_SELECT.with_for_update()),
+}
 
 
 def check_name(value: str, field: str, what: str) -> str:
@@ -29,10 +35,12 @@ def check_name(value: str, field: str, what: str) -> str:
     return value
 
 
-def cluster_row(ctx: Context, ref: str | None, *, for_update: bool = False):
-    """The ACTIVE cluster named by `ref` (name or ARN; default cluster when omitted)."""
+def cluster_row(ctx: Context, ref: str | None, *, lock: str | None = None):
+    """The ACTIVE cluster named by `ref` (name or ARN; default cluster when omitted).
+
+    `lock` (PostgreSQL): "share" while creating something in the cluster, "update" to change it."""
     name = arns.short_name(ref, "cluster", "cluster") if ref else DEFAULT_CLUSTER
-    row = (_CLUSTER_FOR_UPDATE if for_update else _CLUSTER).first(ctx.conn, {"name": name})
+    row = _CLUSTER[lock].first(ctx.conn, {"name": name})
     if row is None or row.status != "ACTIVE":
         raise ClusterNotFound(f"Cluster not found: '{ref or DEFAULT_CLUSTER}'.")
     return row
@@ -48,6 +56,8 @@ def page(items: list, request: dict, default_max: int = 100, limit: int = 100) -
     if token:
         try:
             start = json.loads(base64.urlsafe_b64decode(token.encode()))["o"]
+            if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+                raise ValueError(start)
         except Exception:
             raise InvalidParameter("Invalid parameter 'nextToken': not a token this API issued.") from None
     chunk = items[start:start + max_results]
@@ -66,6 +76,8 @@ def check_tags(tags: list[dict], field: str = "tags") -> list[dict]:
             raise InvalidParameter(f"Invalid parameter '{field}[{i}].value': a tag value has at most 256 characters.")
         if key.lower().startswith("aws:"):
             raise InvalidParameter(f"Invalid parameter '{field}[{i}].key': the 'aws:' prefix is reserved.")
+        if key in keys:
+            raise InvalidParameter(f"Invalid parameter '{field}[{i}].key': duplicate tag key '{key}'.")
         keys.add(key)
     return [{"key": t["key"], "value": t.get("value", "")} for t in tags]
 

@@ -15,17 +15,18 @@ from shoal.api.ecs.common import check_tags, cluster_row, failure, page, without
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, query
 from shoal.domain.errors import InvalidParameter
-from shoal.events.envelope import CONTAINER_INSTANCE_STATE_CHANGE, event_detail
+from shoal.domain.tasks import PENDING_STATES
+from shoal.events.envelope import CONTAINER_INSTANCE_STATE_CHANGE, event_detail, iso
 from shoal.store.db import update_versioned
 from shoal.store.tables import container_instances as cis, tasks
 
 HEALTH_CHECKS = ("CONTAINER_RUNTIME", "ACCELERATED_COMPUTE", "DAEMON", "AGENT_CONNECTIVITY")
 
 
-def emit_instance_change(ctx: Context, doc: dict) -> None:
-    detail = event_detail({k: v for k, v in doc.items() if k not in ("healthStatus", "gpuDevices")})
-    detail["clusterArn"] = ctx.arns.cluster(doc["containerInstanceArn"].split("/")[-2])
-    detail["updatedAt"] = event_detail({"updatedAt": ctx.now})["updatedAt"]
+def emit_instance_change(ctx: Context, cluster, doc: dict) -> None:
+    detail = event_detail(doc, drop=("tags", "healthStatus", "gpuDevices"))
+    detail["clusterArn"] = cluster.arn
+    detail["updatedAt"] = iso(ctx.now)
     ctx.emit(CONTAINER_INSTANCE_STATE_CHANGE, [doc["containerInstanceArn"]], detail)
 
 
@@ -55,13 +56,16 @@ def initial_health(now: float) -> dict:
 
 @ecs.op("RegisterContainerInstance")
 def register_container_instance(ctx: Context, req: dict) -> dict:
-    cluster = cluster_row(ctx, req.get("cluster"))
+    cluster = cluster_row(ctx, req.get("cluster"), lock="share")
     identity = {}
     if req.get("instanceIdentityDocument"):
         try:
             identity = json.loads(req["instanceIdentityDocument"])
         except ValueError:
-            raise InvalidParameter("Invalid parameter 'instanceIdentityDocument': not a JSON document.") from None
+            identity = None
+        if not isinstance(identity, dict) or not all(isinstance(v, str) for v in identity.values()):
+            raise InvalidParameter("Invalid parameter 'instanceIdentityDocument': expected a JSON object of "
+                                   "strings (instanceId, instanceType, availabilityZone, architecture).")
     ec2_id = identity.get("instanceId") or "i-" + secrets.token_hex(9)[:17]
     for i, res in enumerate(req.get("totalResources", [])):
         if res.get("name") in ("CPU", "MEMORY") and res.get("integerValue", 0) < 0:
@@ -102,7 +106,7 @@ def register_container_instance(ctx: Context, req: dict) -> dict:
     ctx.conn.execute(insert(cis).values(arn=arn, id=instance_id, cluster_name=cluster.name, ec2_instance_id=ec2_id,
                                         status="ACTIVE", capacity_provider_name=None, registered_at=ctx.now,
                                         version=1, doc=dumps(doc)))
-    emit_instance_change(ctx, doc)
+    emit_instance_change(ctx, cluster, doc)
     return {"containerInstance": without_tags(doc, None)}
 
 
@@ -120,7 +124,7 @@ def _live_counts(ctx: Context, arns_: list[str]) -> dict[str, dict[str, int]]:
     counts = {a: {"runningTasksCount": 0, "pendingTasksCount": 0} for a in arns_}
     rows = ctx.conn.execute(
         select(tasks.c.container_instance_arn, tasks.c.last_status, func.count())
-        .where(tasks.c.container_instance_arn.in_(arns_), tasks.c.last_status.in_(("PENDING", "ACTIVATING", "RUNNING")))
+        .where(tasks.c.container_instance_arn.in_(arns_), tasks.c.last_status.in_((*PENDING_STATES, "RUNNING")))
         .group_by(tasks.c.container_instance_arn, tasks.c.last_status))
     for arn, status, n in rows:
         counts[arn]["runningTasksCount" if status == "RUNNING" else "pendingTasksCount"] += n
@@ -216,9 +220,9 @@ def update_container_instances_state(ctx: Context, req: dict) -> dict:
                                     "Only ACTIVE and DRAINING instances can change state."))
             continue
         if row.status != status:
-            doc.update(status=status, version=row.version + 1)
+            doc.update(status=status, version=doc["version"] + 1)
             update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status=status, doc=dumps(doc))
-            emit_instance_change(ctx, doc)
+            emit_instance_change(ctx, cluster, doc)
         updated.append(_public(doc, None))
     return {"containerInstances": updated, "failures": failures}
 
@@ -236,7 +240,7 @@ def deregister_container_instance(ctx: Context, req: dict) -> dict:
         raise InvalidParameter(f"The container instance has {live} task(s) that have not stopped; stop them first "
                                "or deregister with force.")
     doc = json.loads(row.doc)
-    doc.update(status="INACTIVE", agentConnected=False, version=row.version + 1)
+    doc.update(status="INACTIVE", agentConnected=False, version=doc["version"] + 1)
     update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status="INACTIVE", doc=dumps(doc))
-    emit_instance_change(ctx, doc)
+    emit_instance_change(ctx, cluster, doc)
     return {"containerInstance": _public(doc, None)}

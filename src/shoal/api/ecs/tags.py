@@ -35,7 +35,10 @@ def _row(ctx: Context, resource_arn: str, *, for_update: bool = False):
 
 
 def _save(ctx: Context, table, row, doc: dict) -> None:
-    ctx.conn.execute(update(table).where(table.c.arn == row.arn).values(doc=dumps(doc)))
+    values = {"doc": dumps(doc)}
+    if "version" in table.c:  # writers that check versions must see that the row changed
+        values["version"] = table.c.version + 1
+    ctx.conn.execute(update(table).where(table.c.arn == row.arn).values(**values))
 
 
 @ecs.op("TagResource")

@@ -60,10 +60,9 @@ def register_task_definition(ctx: Context, req: dict) -> dict:
 def resolve(ctx: Context, ref: str, field: str = "taskDefinition", *, active_only: bool = False,
             for_update: bool = False):
     """`family` (latest ACTIVE revision), `family:revision`, or a full ARN."""
-    name = arns.short_name(ref, "task-definition", field) if arns.is_arn(ref) else ref
-    family, _, rev = name.partition(":")
-    if rev and not rev.isdigit():
-        raise InvalidParameter(f"Invalid parameter '{field}': revision '{rev}' is not a number.")
+    family, _, rev = arns.short_name(ref, "task-definition", field).partition(":")
+    if rev and not (rev.isdigit() and len(rev) <= 9):
+        raise InvalidParameter(f"Invalid parameter '{field}': revision '{rev}' is not a revision number.")
     params = {"family": family, "revision": int(rev)} if rev else {"family": family}
     row = _RESOLVE[bool(rev), for_update].first(ctx.conn, params)
     if row is None or row.status == "DELETE_IN_PROGRESS" or (active_only and row.status != "ACTIVE"):
@@ -118,7 +117,7 @@ def list_task_definition_families(ctx: Context, req: dict) -> dict:
 @ecs.op("DeregisterTaskDefinition")
 def deregister_task_definition(ctx: Context, req: dict) -> dict:
     ref = req["taskDefinition"]
-    if ":" not in (arns.short_name(ref, "task-definition", "taskDefinition") if arns.is_arn(ref) else ref):
+    if ":" not in arns.short_name(ref, "task-definition", "taskDefinition"):
         raise InvalidParameter("Invalid parameter 'taskDefinition': give 'family:revision' or a full ARN.")
     row = resolve(ctx, ref, for_update=True)
     doc = json.loads(row.doc)

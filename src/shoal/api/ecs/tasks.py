@@ -10,19 +10,19 @@ from __future__ import annotations
 import functools
 import json
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, select
 
 from shoal.api import idempotency
 from shoal.api.ecs import capacity_providers as cps
-from shoal.api.ecs.common import check_tags, cluster_row, failure, page, without_tags
+from shoal.api.ecs.common import check_tags, cluster_row, failure, merge_tags, page, without_tags
 from shoal.api.ecs.container_instances import instance_row
 from shoal.api.ecs.task_definitions import resolve as resolve_task_definition
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, query
 from shoal.domain import tasks as domain
 from shoal.domain.errors import InvalidParameter
-from shoal.events.envelope import TASK_STATE_CHANGE, event_detail
-from shoal.store.db import StaleWrite
+from shoal.events.envelope import TASK_STATE_CHANGE, event_detail, iso
+from shoal.store.db import update_versioned
 from shoal.store.prepared import Prepared
 from shoal.store.tables import container_instances, tasks
 
@@ -44,8 +44,8 @@ SUPPORTED_LAUNCH_TYPES = ("EC2", "EXTERNAL", "MANAGED_INSTANCES")
 
 
 def emit_task_change(ctx: Context, doc: dict) -> None:
-    detail = event_detail(doc)
-    detail["updatedAt"] = event_detail({"updatedAt": ctx.now})["updatedAt"]
+    detail = event_detail(doc, drop=("tags", "healthStatus"))  # task events carry no health
+    detail["updatedAt"] = iso(ctx.now)
     ctx.emit(TASK_STATE_CHANGE, [doc["taskArn"]], detail)
 
 
@@ -100,7 +100,7 @@ def run_task(ctx: Context, req: dict) -> dict:
     remembered = idempotency.recall(ctx, "RunTask", req)
     if remembered is not None:
         return _refresh(ctx, remembered)
-    cluster = cluster_row(ctx, req.get("cluster"))
+    cluster = cluster_row(ctx, req.get("cluster"), lock="share")
     count = req.get("count", 1)
     if not 1 <= count <= 10:
         raise InvalidParameter(f"Invalid parameter 'count': must be between 1 and 10, got {count}.")
@@ -134,7 +134,7 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
     domain.check_overrides(td, overrides)
     tags = check_tags(req.get("tags", []))
     if req.get("propagateTags") == "TASK_DEFINITION":
-        tags = [*td.get("tags", []), *tags]
+        tags = merge_tags(td.get("tags", []), tags)
     docs = []
     for i in range(count):
         task_id = arns.new_id()
@@ -144,7 +144,7 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
         instance_arn = instance_arns[i] if instance_arns else None
         doc = domain.new_task(
             task_arn=task_arn, cluster_arn=cluster.arn, task_definition=td, container_arns=container_arns,
-            overrides=overrides, last_status=last_status, launch_type=launch_type, capacity_provider=None,
+            overrides=overrides, last_status=last_status, launch_type=launch_type,
             group=req.get("group"), started_by=req.get("startedBy"), tags=tags, now=ctx.now,
             container_instance_arn=instance_arn,
         )
@@ -161,7 +161,7 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
 def _instance_arns(ctx: Context, cluster, refs: list[str], field: str) -> list[str]:
     out = []
     for i, ref in enumerate(refs):
-        row = instance_row(ctx, cluster, ref, f"{field}[{i}]")
+        row = instance_row(ctx, cluster, ref, f"{field}[{i}]", for_update=True)
         if row is None or row.status == "INACTIVE":
             raise InvalidParameter(f"Invalid parameter '{field}[{i}]': container instance '{ref}' was not found "
                                    f"in cluster '{cluster.name}'.")
@@ -174,7 +174,7 @@ def _instance_arns(ctx: Context, cluster, refs: list[str], field: str) -> list[s
 
 @ecs.op("StartTask")
 def start_task(ctx: Context, req: dict) -> dict:
-    cluster = cluster_row(ctx, req.get("cluster"))
+    cluster = cluster_row(ctx, req.get("cluster"), lock="share")
     refs = req["containerInstances"]
     if not 1 <= len(refs) <= 10:
         raise InvalidParameter("Invalid parameter 'containerInstances': give 1 to 10 container instances.")
@@ -218,11 +218,8 @@ def stop_task(ctx: Context, req: dict) -> dict:
     else:
         doc.update(desiredStatus="STOPPED", stopCode="UserInitiated", stoppedReason=reason, stoppingAt=ctx.now,
                    version=doc["version"] + 1)
-    result = ctx.conn.execute(update(tasks).where(tasks.c.arn == row.arn, tasks.c.version == row.version).values(
-        last_status=doc["lastStatus"], desired_status=doc["desiredStatus"], version=doc["version"],
-        doc=dumps(doc)))
-    if result.rowcount != 1:
-        raise StaleWrite(row.arn)
+    update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],
+                     desired_status=doc["desiredStatus"], doc=dumps(doc))
     emit_task_change(ctx, doc)
     return {"task": without_tags(doc, None)}
 

@@ -79,7 +79,7 @@ class AwsJsonEndpoint:
         registry = self.registries.get(prefix)
         operation = registry.operations.get(name) if registry else None
         if operation is None:
-            raise UnknownOperation(f"Unknown operation '{target}'.", code="UnknownOperationException")
+            raise UnknownOperation(f"Unknown operation '{target}'.")
         try:
             params = _without_nulls(json.loads(body)) if body.strip() else {}
         except (ValueError, RecursionError):
