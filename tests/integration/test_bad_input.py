@@ -384,6 +384,8 @@ RAW_CASES = [
     pytest.param(lambda s, e: signed_post(s, CREATE_TARGET, TAMPERED, payload_signing=False),
                  "InvalidSignatureException", 403, ("signature",),
                  id="unsigned-payload"),
+    pytest.param(lambda s, e: signed_post(s, CREATE_TARGET, b" " * (5 * 1024 * 1024)),
+                 "SerializationException", 413, ("exceeds",), id="body-too-large"),
     pytest.param(lambda s, e: signed_post(s, CREATE_TARGET, b"[" * 100_000),
                  "SerializationException", 400, ("JSON",), id="body-nested-too-deep"),
     pytest.param(lambda s, e: signed_post(s, f"{TARGET_PREFIX}.TagResource", json.dumps(

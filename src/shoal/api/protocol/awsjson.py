@@ -19,6 +19,7 @@ from shoal.store.db import Store
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/x-amz-json-1.1"
+MAX_BODY = 4 * 1024 * 1024  # far above any ECS request; a larger body is not read into memory
 
 
 def error_body(err: ApiError) -> bytes:
@@ -48,11 +49,15 @@ class AwsJsonEndpoint:
         while True:
             message = await receive()
             body += message.get("body", b"")
-            if not message.get("more_body"):
+            if len(body) > MAX_BODY or not message.get("more_body"):
                 break
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        status, payload = await self.handle(scope["method"], scope["path"], scope["query_string"].decode(),
-                                            headers, bytes(body))
+        if len(body) > MAX_BODY:
+            status, payload = 413, error_body(ApiError(f"The request body exceeds {MAX_BODY} bytes.",
+                                                       "SerializationException"))
+        else:
+            status, payload = await self.handle(scope["method"], scope["path"], scope["query_string"].decode(),
+                                                headers, bytes(body))
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(payload)).encode()),
             (b"x-amzn-requestid", str(uuid.uuid4()).encode())]})
