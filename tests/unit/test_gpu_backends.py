@@ -56,3 +56,14 @@ def test_an_injected_xid_wakes_the_waiter_at_once(tmp_path):
 @pytest.mark.skipif(driver_present(), reason="an NVIDIA driver is present: tests/gpu covers NVML")
 def test_without_a_driver_there_is_no_gpu_backend():
     assert detect() is None
+
+
+def test_a_simulated_instance_type_has_the_catalogs_gpus(tmp_path):
+    gpus = detect(instance_type="p6-b200.48xlarge", state_dir=tmp_path)
+    try:
+        devices = gpus.devices()
+        assert len(devices) == 8
+        assert {(g.model, g.memory_mib) for g in devices} == {("B200", 183359)}
+    finally:
+        gpus.close()
+    assert detect(instance_type="p4d.24xlarge").devices()[0].memory_mib == 40960
