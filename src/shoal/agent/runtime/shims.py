@@ -63,17 +63,11 @@ class ShimHandle:
 
     def _is_our_shim(self, pid: int) -> bool:
         """Whether `pid` is a live (not zombie) shim for this directory, not a process reusing its pid."""
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        fields = _live_stat(pid)
+        if fields is None:
             return False
-        except PermissionError:
-            pass
-        if not have_proc():
+        if not fields:  # no /proc to tell by
             return True
-        fields = proc_stat(pid)
-        if not fields or fields[0] in ("Z", "X", "x"):
-            return False
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError):
@@ -90,19 +84,11 @@ class ShimHandle:
 
         The pid is trusted only if the process's start time matches the one the shim recorded."""
         pid = self.pid()
-        if pid is None:
+        fields = None if pid is None else _live_stat(pid)
+        if fields is None:
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        if not have_proc():
+        if not fields:  # no /proc to tell by
             return True
-        fields = proc_stat(pid)
-        if not fields or fields[0] in ("Z", "X", "x"):
-            return False
         recorded = read_int(self.dir / PROC_START)
         return recorded is not None and int(fields[19]) == recorded
 
@@ -158,6 +144,20 @@ class ShimHandle:
             if remaining <= 0:
                 return None
             time.sleep(min(POLL_INTERVAL, remaining))
+
+
+def _live_stat(pid: int) -> list[str] | None:
+    """None if `pid` is gone or a zombie; else its /proc stat fields ([] where there is no /proc)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    if not have_proc():
+        return []
+    fields = proc_stat(pid)
+    return fields if fields and fields[0] not in ("Z", "X", "x") else None
 
 
 def _shim_env() -> dict[str, str]:

@@ -7,7 +7,7 @@ import re
 
 from sqlalchemy import select
 
-from shoal.api.ecs.common import cluster_row, page
+from shoal.api.ecs.common import cluster_row, listing
 from shoal.api.ecs.container_instances import instance_row
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain.errors import ApiError, InvalidParameter
@@ -102,8 +102,4 @@ def list_attributes(ctx: Context, req: dict) -> dict:
         for attr in json.loads(row.doc)["attributes"]:
             if (name is None or attr["name"] == name) and (value is None or attr.get("value") == value):
                 found.append(_wire(attr, row.arn))
-    chunk, token = page(found, req)
-    out = {"attributes": chunk}
-    if token:
-        out["nextToken"] = token
-    return out
+    return listing("attributes", found, req)

@@ -7,7 +7,7 @@ import json
 from sqlalchemy import func, insert, select
 
 from shoal.api.ecs import capacity_providers as cps
-from shoal.api.ecs.common import check_name, check_tags, cluster_row, failure, page
+from shoal.api.ecs.common import check_name, check_tags, cluster_row, failure, listing
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns
 from shoal.domain.errors import ApiError, InvalidParameter
@@ -108,11 +108,7 @@ def list_clusters(ctx: Context, req: dict) -> dict:
     arns_ = ctx.conn.execute(
         select(clusters.c.arn).where(clusters.c.status == "ACTIVE").order_by(clusters.c.name)
     ).scalars().all()
-    chunk, token = page(arns_, req)
-    out = {"clusterArns": chunk}
-    if token:
-        out["nextToken"] = token
-    return out
+    return listing("clusterArns", arns_, req)
 
 
 @ecs.op("DeleteCluster")

@@ -96,6 +96,12 @@ def without_tags(doc: dict, include: list[str] | None) -> dict:
     return {k: v for k, v in doc.items() if k != "tags"}
 
 
+def listing(key: str, items: list, request: dict) -> dict:
+    """A List* response: one page of `items` under `key`, and the token for the next."""
+    chunk, token = page(items, request)
+    return {key: chunk, **({"nextToken": token} if token else {})}
+
+
 def failure(arn: str, reason: str, detail: str | None = None) -> dict:
     f = {"arn": arn, "reason": reason}
     if detail:

@@ -11,7 +11,7 @@ import secrets
 
 from sqlalchemy import func, insert, select
 
-from shoal.api.ecs.common import check_tags, cluster_row, failure, page, without_tags
+from shoal.api.ecs.common import check_tags, cluster_row, failure, listing, without_tags
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, query
 from shoal.domain.errors import InvalidParameter
@@ -191,11 +191,7 @@ def list_container_instances(ctx: Context, req: dict) -> dict:
             running[arn] = running.get(arn, 0) + (status == "RUNNING")
         rows = [r for r in rows if expr.matches(host_view(json.loads(r.doc), tuple(groups.get(r.arn, ())),
                                                           running.get(r.arn, 0)))]
-    chunk, token = page([r.arn for r in rows], req)
-    out = {"containerInstanceArns": chunk}
-    if token:
-        out["nextToken"] = token
-    return out
+    return listing("containerInstanceArns", [r.arn for r in rows], req)
 
 
 @ecs.op("UpdateContainerInstancesState")

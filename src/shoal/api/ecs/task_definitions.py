@@ -6,7 +6,7 @@ import json
 
 from sqlalchemy import bindparam, case, func, insert, select, update
 
-from shoal.api.ecs.common import check_tags, failure, page
+from shoal.api.ecs.common import check_tags, failure, listing
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, task_definitions
 from shoal.domain.errors import ClientError, InvalidParameter
@@ -89,11 +89,7 @@ def list_task_definitions(ctx: Context, req: dict) -> dict:
     desc = req.get("sort") == "DESC"
     stmt = stmt.order_by(tds.c.family.desc() if desc else tds.c.family,
                          tds.c.revision.desc() if desc else tds.c.revision)
-    chunk, token = page(ctx.conn.execute(stmt).scalars().all(), req)
-    out = {"taskDefinitionArns": chunk}
-    if token:
-        out["nextToken"] = token
-    return out
+    return listing("taskDefinitionArns", ctx.conn.execute(stmt).scalars().all(), req)
 
 
 @ecs.op("ListTaskDefinitionFamilies", write=False)
@@ -107,11 +103,7 @@ def list_task_definition_families(ctx: Context, req: dict) -> dict:
         stmt = stmt.having(active == 0)
     if req.get("familyPrefix"):
         stmt = stmt.where(tds.c.family.startswith(req["familyPrefix"], autoescape=True))
-    chunk, token = page(ctx.conn.execute(stmt.order_by(tds.c.family)).scalars().all(), req)
-    out = {"families": chunk}
-    if token:
-        out["nextToken"] = token
-    return out
+    return listing("families", ctx.conn.execute(stmt.order_by(tds.c.family)).scalars().all(), req)
 
 
 @ecs.op("DeregisterTaskDefinition")

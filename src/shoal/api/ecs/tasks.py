@@ -14,7 +14,7 @@ from sqlalchemy import bindparam, insert, select
 
 from shoal.api import idempotency
 from shoal.api.ecs import capacity_providers as cps
-from shoal.api.ecs.common import check_tags, cluster_row, failure, merge_tags, page, without_tags
+from shoal.api.ecs.common import check_tags, cluster_row, failure, listing, merge_tags, without_tags
 from shoal.api.ecs.container_instances import instance_row
 from shoal.api.ecs.task_definitions import resolve as resolve_task_definition
 from shoal.api.operations import Context, dumps, ecs
@@ -263,8 +263,5 @@ def list_tasks(ctx: Context, req: dict) -> dict:
     if req.get("daemonName"):
         # Daemon tasks come with managed daemons (a later layer); none exist yet.
         stmt = stmt.where(tasks.c.started_by == f"ecs-daemon/{req['daemonName']}")
-    chunk, token = page(ctx.conn.execute(stmt.order_by(tasks.c.created_at, tasks.c.id)).scalars().all(), req)
-    out = {"taskArns": chunk}
-    if token:
-        out["nextToken"] = token
-    return out
+    stmt = stmt.order_by(tasks.c.created_at, tasks.c.id)
+    return listing("taskArns", ctx.conn.execute(stmt).scalars().all(), req)
