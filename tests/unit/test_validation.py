@@ -55,6 +55,9 @@ def gpu(req):
     ({"family": "f", "containerDefinitions": [{"name": "a", "memory": 64, "essential": False}]}, "essential"),
     ({"family": "f", "containerDefinitions": [{"name": "a", "memory": 64}, {"name": "a", "memory": 64}]},
      "duplicate container name"),
+    ({"family": "f", "containerDefinitions": [{"name": "a", "memory": 64}],
+      "placementConstraints": [{"type": "memberOf", "expression": "attribute:x =="}]},
+     "placementConstraints[0].expression"),
 ])
 def test_task_definition_rules(request_, fragment):
     with pytest.raises(InvalidParameter) as err:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from shoal.domain import query
 from shoal.domain.errors import InvalidParameter
 
 CONTAINER_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
@@ -151,6 +152,7 @@ def validate(req: dict) -> dict:
         if pc.get("type") != "memberOf":
             raise InvalidParameter(f"Invalid parameter 'placementConstraints[{i}].type': task definitions only "
                                    "allow memberOf.")
+        query.parse(pc.get("expression") or "", f"placementConstraints[{i}].expression")
     if len(req.get("placementConstraints", [])) > 10:
         raise InvalidParameter("Invalid parameter 'placementConstraints': at most 10 constraints.")
 
