@@ -247,3 +247,28 @@ def test_pid_reuse_does_not_pass_for_a_live_shim_or_workload(tmp_path):
     handle = attach(cdir)
     assert not handle.alive() and not handle.workload_alive()
     handle.stop()  # must signal nothing, this process least of all
+
+
+def test_the_workload_runs_inside_its_cgroups_from_the_start(tmp_path):
+    from shoal.agent import cgroups
+
+    parent = f"shoal-shim-test-{os.getpid()}"
+    layout = cgroups.detect(parent_name=parent)
+    if not layout.memory.writable:
+        pytest.skip(f"the memory cgroup is not writable here ({layout.memory})")
+    cg = cgroups.ContainerCgroup.create(layout, parent, "hog", memory_mib=64)
+    try:
+        argv = [sys.executable, "-c", "b = bytearray(200 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"]
+        handle = launch(tmp_path / "c", argv, {}, None, 1.0, cgroups=cg.paths)
+        status = handle.wait(20)
+        assert (status["exitCode"], status["signal"]) == (137, 9)
+        assert cg.oom_killed()
+    finally:
+        cg.remove()
+        cgroups.remove_parent(layout, parent)
+
+
+def test_a_workload_that_cannot_join_its_cgroup_does_not_run(tmp_path):
+    handle = launch(tmp_path / "c", ["/bin/true"], {}, None, 1.0, cgroups=[tmp_path / "no-such-cgroup"])
+    status = handle.wait(10)
+    assert status["exitCode"] is None and "preexec" in status["error"]

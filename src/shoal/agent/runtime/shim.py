@@ -14,7 +14,9 @@ The container directory (an absolute path) holds these files. Every file the shi
 written atomically (a temporary file, then a rename), so a reader sees all of a file or none:
 
     spec.json    written by the caller before the shim starts:
-                 {"argv": [...], "env": {...}, "cwd": "..." | null, "stop_timeout": seconds}.
+                 {"argv": [...], "env": {...}, "cwd": "..." | null, "stop_timeout": seconds,
+                  "cgroups": ["/sys/fs/cgroup/…", …]}: the workload joins these cgroup
+                 directories before it execs (see shoal.agent.cgroups).
                  `env` is the workload's whole environment (nothing is inherited from the agent
                  or the shim); argv[0] without a slash is looked up on that environment's PATH
                  (or the default path when it has none). `cwd` null means "/".
@@ -82,6 +84,7 @@ import sys
 import time
 from pathlib import Path
 
+from shoal.agent.cgroups import preexec_join
 from shoal.agent.runtime.files import (
     EXIT, PID, PROC_START, SHIM_LOG, SHIM_PID, SPEC, STARTED_AT, STDERR_LOG, STDOUT_LOG, killpg,
     proc_start_ticks, write_atomic,
@@ -99,8 +102,11 @@ def _log(message: str) -> None:
     print(f"{stamp} shim[{os.getpid()}] {message}", file=sys.stderr, flush=True)
 
 
-def _load_spec(path: Path) -> tuple[list[str], dict[str, str], str, float]:
+def _load_spec(path: Path) -> tuple[list[str], dict[str, str], str, float, list[str]]:
     spec = json.loads(path.read_text())
+    cgroups = spec.get("cgroups") or []
+    if not isinstance(cgroups, list) or not all(isinstance(c, str) for c in cgroups):
+        raise ValueError("cgroups must be a list of cgroup directories")
     argv, env = spec.get("argv"), spec.get("env") or {}
     cwd, stop_timeout = spec.get("cwd"), spec.get("stop_timeout", DEFAULT_STOP_TIMEOUT)
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -114,7 +120,7 @@ def _load_spec(path: Path) -> tuple[list[str], dict[str, str], str, float]:
         stop_timeout = DEFAULT_STOP_TIMEOUT
     if isinstance(stop_timeout, bool) or not isinstance(stop_timeout, (int, float)) or stop_timeout < 0:
         raise ValueError("stop_timeout must be a number of seconds >= 0")
-    return argv, env, cwd or "/", float(stop_timeout)
+    return argv, env, cwd or "/", float(stop_timeout), cgroups
 
 
 def _write_exit(cdir: Path, record: dict) -> None:
@@ -185,7 +191,7 @@ class _Shim:
     def run(self) -> int:
         cdir = self.dir
         try:
-            argv, env, cwd, stop_timeout = _load_spec(cdir / SPEC)
+            argv, env, cwd, stop_timeout, cgroups = _load_spec(cdir / SPEC)
         except (OSError, ValueError) as e:
             _write_exit(cdir, {"exitCode": None, "signal": None, "error": f"bad spec: {e}",
                                "stopRequested": self.stop_requested, "killed": False})
@@ -207,8 +213,11 @@ class _Shim:
         out = open(cdir / STDOUT_LOG, "ab")
         err = open(cdir / STDERR_LOG, "ab")
         try:
+            # The workload joins its cgroups between fork and exec, so its limits hold from its
+            # first instruction; if it cannot join, it does not run (no silent loss of limits).
             proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=err, start_new_session=True, close_fds=True)
+                                    stderr=err, start_new_session=True, close_fds=True,
+                                    preexec_fn=preexec_join(cgroups) if cgroups else None)
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as e:
             _write_exit(cdir, {"exitCode": None, "signal": None, "error": str(e),
                                "stopRequested": self.stop_requested, "killed": False})

@@ -174,7 +174,7 @@ def _shim_log_tail(cdir: Path, limit: int = 2000) -> str:
 
 
 def launch(container_dir: Path, argv: list[str], env: dict[str, str], cwd: str | None,
-           stop_timeout: float) -> ShimHandle:
+           stop_timeout: float, cgroups: list[Path] = ()) -> ShimHandle:
     """Write spec.json, start a detached shim for it and return once the workload has started
     (`pid` exists) or failed to (exit.json exists).
 
@@ -186,7 +186,8 @@ def launch(container_dir: Path, argv: list[str], env: dict[str, str], cwd: str |
     cdir.mkdir(parents=True, exist_ok=True)
     if (cdir / SHIM_PID).exists():
         raise AlreadyLaunched(errno.EEXIST, "container directory already has a shim", str(cdir / SHIM_PID))
-    spec = {"argv": list(argv), "env": dict(env), "cwd": cwd, "stop_timeout": stop_timeout}
+    spec = {"argv": list(argv), "env": dict(env), "cwd": cwd, "stop_timeout": stop_timeout,
+            "cgroups": [str(c) for c in cgroups]}
     try:
         write_atomic(cdir / SPEC, json.dumps(spec).encode(), exclusive=True)
     except FileExistsError:
