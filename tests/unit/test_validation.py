@@ -71,6 +71,12 @@ def test_mps_task_definition_requires_the_mps_capability():
     assert doc["containerDefinitions"][0]["essential"] is True
 
 
+def test_task_cpu_and_memory_are_stored_as_ecs_returns_them():
+    doc = task_definitions.validate({"family": "f", "cpu": "1 vCPU", "memory": "2 GB",
+                                     "containerDefinitions": [{"name": "a"}]})
+    assert (doc["cpu"], doc["memory"]) == ("1024", "2048")
+
+
 @pytest.mark.parametrize("text, units", [("1024", 1024), ("1 vCPU", 1024), ("0.5 vcpu", 512)])
 def test_task_cpu_forms(text, units):
     assert task_definitions.parse_cpu(text) == units

@@ -157,6 +157,10 @@ def validate(req: dict) -> dict:
         raise InvalidParameter("Invalid parameter 'placementConstraints': at most 10 constraints.")
 
     doc = {k: v for k, v in req.items() if k not in ("tags", "containerDefinitions")}
+    if task_cpu is not None:  # ECS returns "1 vCPU" as "1024" and "2 GB" as "2048"
+        doc["cpu"] = str(task_cpu)
+    if task_memory is not None:
+        doc["memory"] = str(task_memory)
     doc.update(
         containerDefinitions=normalized,
         networkMode=req.get("networkMode", "bridge"),

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,11 +182,13 @@ class Store:
                 unit.future.set_result(result)
             else:
                 unit.future.set_exception(err)
-        if again:
-            time.sleep(min(0.005 * 2 ** again[0].attempts, 0.2))
+        if again:  # back off without holding up the writer for everyone else
             for unit in again:
                 unit.attempts += 1
-                self._queue.put(unit)
+            timer = threading.Timer(min(0.005 * 2 ** again[0].attempts, 0.2),
+                                    lambda: [self._queue.put(u) for u in again])
+            timer.daemon = True
+            timer.start()
 
     @staticmethod
     def _still_wanted(unit: _Unit) -> bool:

@@ -137,7 +137,7 @@ def delete_task_definitions(ctx: Context, req: dict) -> dict:
                                              "Deregister the target and try again."))
             continue
         doc = json.loads(row.doc)
-        doc["status"] = "DELETE_IN_PROGRESS"
+        doc.update(status="DELETE_IN_PROGRESS", deleteRequestedAt=ctx.now)
         ctx.conn.execute(update(tds).where(tds.c.arn == row.arn).values(status="DELETE_IN_PROGRESS",
                                                                         doc=dumps(doc)))
         doc.pop("tags", None)
