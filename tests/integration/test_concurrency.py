@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import ServerProcess, database_url_for
+from tests.support import ServerProcess, database_url_for
 
 THREADS = 8
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import ServerProcess, database_url_for, wait_for
+from tests.support import ServerProcess, database_url_for, wait_for
 
 CALLS = 500
 CLIENTS = 4

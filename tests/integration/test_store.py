@@ -9,7 +9,7 @@ from shoal.domain.errors import InvalidParameter
 from shoal.events import outbox
 from shoal.store.db import StaleWrite, Store
 from shoal.store.tables import clusters
-from tests.conftest import database_url_for
+from tests.support import database_url_for
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import boto3
 
-from tests.conftest import free_port
+from tests.support import free_port
 
 SHOAL = Path(sys.executable).parent / "shoal"
 

@@ -11,14 +11,11 @@ from dataclasses import dataclass
 from shoal.domain.errors import InvalidParameter
 
 PARTITION = "shoal"
-_ARN = re.compile(r"^arn:([a-z0-9-]+):([a-z0-9-]+):([a-z0-9-]*):(\d{12}):([a-z-]+)/(.+)$")
+_ARN = re.compile(r"^arn:[a-z0-9-]+:[a-z0-9-]+:[a-z0-9-]*:\d{12}:([a-z-]+)/(.+)$")
 
 
 @dataclass(frozen=True)
 class Arn:
-    service: str
-    region: str
-    account: str
     resource_type: str
     path: str
 
@@ -62,7 +59,7 @@ def parse(value: str, field: str = "resourceArn") -> Arn:
     m = _ARN.match(value)
     if not m:
         raise InvalidParameter(f"Invalid identifier for {field}: '{value}' is not a valid ARN.")
-    return Arn(m.group(2), m.group(3), m.group(4), m.group(5), m.group(6))
+    return Arn(m.group(1), m.group(2))
 
 
 def short_name(value: str, resource_type: str, field: str) -> str:

@@ -31,6 +31,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 WRITE_ATTEMPTS = 8
+READERS = 4  # reader threads (PostgreSQL only; SQLite reads run inline)
 MAX_BATCH = 64
 
 
@@ -55,7 +56,7 @@ def update_versioned(conn: Connection, table: Table, key: dict, version: int, **
     return version + 1
 
 
-def _sqlite_engine(url: str, synchronous: str, immediate: bool):
+def _sqlite_engine(url: str, immediate: bool):
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
     @event.listens_for(engine, "connect")
@@ -65,7 +66,7 @@ def _sqlite_engine(url: str, synchronous: str, immediate: bool):
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA synchronous={synchronous}")
+        cur.execute("PRAGMA synchronous=FULL")  # a commit that answered 200 survives a power cut
         cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
@@ -78,22 +79,22 @@ def _sqlite_engine(url: str, synchronous: str, immediate: bool):
 
 
 class Store:
-    def __init__(self, url: str, *, sqlite_synchronous: str = "FULL", readers: int = 4):
+    def __init__(self, url: str):
         self.url = url
         self.dialect = make_url(url).get_backend_name()
         if self.dialect == "sqlite":
             db_path = make_url(url).database
             if db_path and db_path != ":memory:":
                 Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-            self.write_engine = _sqlite_engine(url, sqlite_synchronous, immediate=True)
-            self.read_engine = _sqlite_engine(url, sqlite_synchronous, immediate=False)
+            self.write_engine = _sqlite_engine(url, immediate=True)
+            self.read_engine = _sqlite_engine(url, immediate=False)
         else:
             self.write_engine = create_engine(url, pool_pre_ping=True, pool_size=2)
-            self.read_engine = create_engine(url, pool_pre_ping=True, pool_size=readers)
+            self.read_engine = create_engine(url, pool_pre_ping=True, pool_size=READERS)
         self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._writer_loop, name="shoal-writer", daemon=True)
         self._writer.start()
-        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="shoal-reader")
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="shoal-reader")
 
     @property
     def is_postgres(self) -> bool:
