@@ -18,6 +18,7 @@ class Settings:
     account: str = "000000000000"
     auth: bool = True
     credentials: dict[str, str] = field(default_factory=dict)  # access key id -> secret
+    join_token: str = ""  # what an agent shows to register its host (then it gets its own credential)
 
     @property
     def database_url(self) -> str:
@@ -52,3 +53,21 @@ def load_or_create_credentials(data_dir: Path) -> tuple[str, str]:
     finally:
         tmp.unlink()
     return load_credentials(data_dir)
+
+
+def load_or_create_join_token(data_dir: Path) -> str:
+    """The cluster-joining secret, kept in `<data-dir>/join-token` (mode 0600) across restarts."""
+    path = data_dir / "join-token"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        tmp = data_dir / f"join-token.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+        try:
+            os.link(tmp, path)  # first writer wins if two start at once
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()

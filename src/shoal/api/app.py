@@ -2,34 +2,45 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from shoal.api.agent.routes import AgentProtocol
 from shoal.api.ecs import register_all
 from shoal.api.operations import ecs
 from shoal.api.protocol.awsjson import AwsJsonEndpoint
 from shoal.api.rest import events_endpoint, healthz
 from shoal.config import Settings
+from shoal.control.hub import Hub
 from shoal.domain.arns import ArnFactory
 from shoal.store.db import Store
 
 
-def create_app(settings: Settings, store: Store | None = None):
+def create_app(settings: Settings, store: Store | None = None, capacity=None):
     store = store or Store(settings.database_url)
     store.migrate()
     register_all()
-    aws = AwsJsonEndpoint(store, [ecs], arns=ArnFactory(settings.region, settings.account),
-                          credentials=settings.credentials if settings.auth else None)
+    arns = ArnFactory(settings.region, settings.account)
+    hub = Hub(store, arns, capacity=capacity)
+    aws = AwsJsonEndpoint(store, [ecs], arns=arns, credentials=settings.credentials if settings.auth else None,
+                          committed=hub.committed)
+    agents = AgentProtocol(store, arns, settings.join_token, hub)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
+        control = asyncio.create_task(hub.run())
         yield
+        control.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await control
         store.close()
 
     app = Starlette(
         routes=[
+            *agents.routes(),
             Route("/v1/events", events_endpoint(store, aws.authenticate), methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],

@@ -23,6 +23,10 @@ class Context:
     conn: Connection
     arns: ArnFactory
     now: float = field(default_factory=time.time)
+    # What the unit of work changed that others wait on: hosts whose agents must look again
+    # (their long-polls wake after the commit), clusters with capacity to place waiting tasks on.
+    touched_hosts: set[str] = field(default_factory=set)
+    dirty_clusters: set[str] = field(default_factory=set)
 
     def emit(self, detail_type: str, resources: list[str], detail: dict) -> dict:
         return outbox.append(self.conn, detail_type, resources, detail,

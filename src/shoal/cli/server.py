@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 import uvicorn
 
-from shoal.config import Settings, load_or_create_credentials
+from shoal.config import Settings, load_or_create_credentials, load_or_create_join_token
 
 DEFAULT_PORT = 8642
 
@@ -53,13 +53,16 @@ def server(
     account: Annotated[str, typer.Option(envvar="SHOAL_ACCOUNT")] = "000000000000",
     insecure_no_auth: Annotated[bool, typer.Option("--insecure-no-auth",
                                                    help="Accept unsigned requests. Development only.")] = False,
+    join_token: Annotated[Optional[str], typer.Option(help="The secret agents register with. Default: kept in "
+                                                          "<data-dir>/join-token.", envvar="SHOAL_JOIN_TOKEN")] = None,
 ) -> None:
     """Run the control plane (ECS JSON API, events, REST extras)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     key_id, secret = load_or_create_credentials(data_dir)
     settings = Settings(data_dir=data_dir, db_url=db, region=region, account=account,
-                        auth=not insecure_no_auth, credentials={key_id: secret})
+                        auth=not insecure_no_auth, credentials={key_id: secret},
+                        join_token=join_token or load_or_create_join_token(data_dir))
     _serve(settings, host, port,
            lambda bound: print(f"shoal server listening on http://{host}:{bound}", flush=True))
 

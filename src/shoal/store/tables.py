@@ -98,6 +98,12 @@ container_instances = Table(
     Column("registered_at", Float, nullable=False),
     Column("version", Integer, nullable=False),
     Column("doc", Text, nullable=False),
+    # sha256 of the per-host credential the agent got for its join token (hex); never the token.
+    Column("agent_token_hash", String(64)),
+    # What placement gave each task on this host (JSON {taskArn: allocation}); the document's
+    # remainingResources and gpuDevices are always recomputed from it, so they cannot drift.
+    Column("allocations", Text, nullable=False, server_default="{}"),
+    UniqueConstraint("agent_token_hash", name="uq_container_instances_agent_token_hash"),
     Index("ix_container_instances_cluster_status", "cluster_name", "status"),
     Index("ix_container_instances_ec2", "ec2_instance_id"),
 )

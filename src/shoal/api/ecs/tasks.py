@@ -21,8 +21,9 @@ from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, query
 from shoal.domain import tasks as domain
 from shoal.domain.errors import InvalidParameter
-from shoal.events.envelope import TASK_STATE_CHANGE, event_detail, iso
+from shoal.events.changes import emit_task_change
 from shoal.store.db import update_versioned
+from shoal.scheduler.placement import Placer, release, set_pending_reason
 from shoal.store.prepared import Prepared
 from shoal.store.tables import container_instances, tasks
 
@@ -41,12 +42,6 @@ def _tasks_by_id(count: int) -> Prepared:
 MAX_CONSTRAINTS = 10
 MAX_STRATEGIES = 5
 SUPPORTED_LAUNCH_TYPES = ("EC2", "EXTERNAL", "MANAGED_INSTANCES")
-
-
-def emit_task_change(ctx: Context, doc: dict) -> None:
-    detail = event_detail(doc, drop=("tags", "healthStatus"))  # task events carry no health
-    detail["updatedAt"] = iso(ctx.now)
-    ctx.emit(TASK_STATE_CHANGE, [doc["taskArn"]], detail)
 
 
 def _check_placement(td: dict, req: dict) -> dict:
@@ -136,6 +131,7 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
     if req.get("propagateTags") == "TASK_DEFINITION":
         tags = merge_tags(td.get("tags", []), tags)
     docs = []
+    placer = Placer(ctx, cluster.name)
     for i in range(count):
         task_id = arns.new_id()
         task_arn = ctx.arns.task(cluster.name, task_id)
@@ -148,13 +144,21 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
             group=req.get("group"), started_by=req.get("startedBy"), tags=tags, now=ctx.now,
             container_instance_arn=instance_arn,
         )
+        # Placed now if a host has room (StartTask: the named host), else it waits, with the reason.
+        reason = placer.place(doc, placement, only=instance_arn)
+        if reason is not None:
+            if instance_arn:
+                raise InvalidParameter(f"Invalid parameter 'containerInstances[{i}]': the task does not fit on "
+                                       f"'{instance_arn}' ({reason}).")
+            set_pending_reason(doc, reason)
         INSERT_TASK.run(ctx.conn, dict(
-            arn=task_arn, id=task_id, cluster_name=cluster.name, last_status=last_status,
+            arn=task_arn, id=task_id, cluster_name=cluster.name, last_status=doc["lastStatus"],
             desired_status="RUNNING", family=td["family"], started_by=req.get("startedBy"),
-            service_name=None, launch_type=launch_type, container_instance_arn=instance_arn,
+            service_name=None, launch_type=launch_type, container_instance_arn=doc.get("containerInstanceArn"),
             created_at=ctx.now, version=1, doc=dumps(doc), placement=dumps(placement)))
         emit_task_change(ctx, doc)
         docs.append(doc)
+    placer.flush()
     return docs
 
 
@@ -215,7 +219,9 @@ def stop_task(ctx: Context, req: dict) -> dict:
         return {"task": without_tags(doc, None)}
     if doc["lastStatus"] in ("PROVISIONING", "PENDING") and not _agent_will_stop(ctx, doc):
         doc = domain.stop_unstarted(doc, reason, "UserInitiated", ctx.now)
+        release(ctx, doc.get("containerInstanceArn"), doc["taskArn"])
     else:
+        ctx.touched_hosts.add(doc["containerInstanceArn"])
         doc.update(desiredStatus="STOPPED", stopCode="UserInitiated", stoppedReason=reason, stoppingAt=ctx.now,
                    version=doc["version"] + 1)
     update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],

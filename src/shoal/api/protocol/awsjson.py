@@ -36,8 +36,10 @@ def _without_nulls(value):
 
 
 class AwsJsonEndpoint:
-    def __init__(self, store: Store, registries: list[Registry], *, arns, credentials: dict[str, str] | None):
+    def __init__(self, store: Store, registries: list[Registry], *, arns, credentials: dict[str, str] | None,
+                 committed=lambda ctx: None):
         self.store = store
+        self.committed = committed  # told about every committed write (wakes agents and placement)
         self.arns = arns
         self.credentials = credentials  # None: authentication disabled (--insecure-no-auth)
         self.registries = {r.target_prefix: r for r in registries}
@@ -92,8 +94,11 @@ class AwsJsonEndpoint:
         validate(service_model(registry.service).operation_model(name), params)
 
         def unit_of_work(conn):
-            return operation.handler(Context(conn, self.arns), params)
+            ctx = Context(conn, self.arns)
+            return operation.handler(ctx, params), ctx
 
         if operation.write:
-            return await self.store.write(unit_of_work)
-        return await self.store.read(unit_of_work)
+            result, ctx = await self.store.write(unit_of_work)
+            self.committed(ctx)
+            return result
+        return (await self.store.read(unit_of_work))[0]

@@ -1,0 +1,112 @@
+"""The agent protocol over HTTP: register, long-poll desired state, report.
+
+  POST /v1/agent/register   Authorization: Bearer <join token>    -> {containerInstanceArn, token}
+  GET  /v1/agent/poll?since=<version>&wait=<seconds>   Bearer <host token>
+                                                                   -> {version, status, tasks}
+  POST /v1/agent/report     Bearer <host token>   {updates: [task snapshot, …], health: {…}}
+
+The join token is the cluster-joining secret; registering exchanges it for a credential of the
+host's own, which reaches that host's tasks and nothing else. Errors use the AWS JSON error
+body, like the ECS API.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from shoal.api.agent import state
+from shoal.api.operations import Context
+from shoal.api.protocol.awsjson import error_body
+from shoal.domain.errors import ApiError, AuthError, InvalidParameter
+from shoal.store.db import Store
+
+MAX_WAIT = 60.0
+MAX_BODY = 4 * 1024 * 1024
+
+
+def _json(status: int, body: bytes) -> Response:
+    return Response(body, status_code=status, media_type="application/json")
+
+
+class AgentProtocol:
+    def __init__(self, store: Store, arns, join_token: str, hub):
+        self.store, self.arns, self.join_token, self.hub = store, arns, join_token, hub
+        self.last_seen = hub.last_seen  # host ARN -> monotonic time of its agent's latest request
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/agent/register", self._wrap(self.register), methods=["POST"]),
+                Route("/v1/agent/poll", self._wrap(self.poll), methods=["GET"]),
+                Route("/v1/agent/report", self._wrap(self.report), methods=["POST"])]
+
+    def _wrap(self, handler):
+        async def endpoint(request: Request) -> Response:
+            try:
+                return _json(200, json.dumps(await handler(request), separators=(",", ":")).encode())
+            except ApiError as err:
+                return _json(err.status, error_body(err))
+        return endpoint
+
+    @staticmethod
+    def _bearer(request: Request) -> str:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise AuthError("Missing 'Authorization: Bearer <token>'.", "UnrecognizedClientException")
+        return token.strip()
+
+    @staticmethod
+    async def _body(request: Request) -> dict:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise ApiError(f"The request body exceeds {MAX_BODY} bytes.", "SerializationException")
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            raise ApiError("The request body is not valid JSON.", "SerializationException") from None
+        if not isinstance(body, dict):
+            raise ApiError("The request body must be a JSON object.", "SerializationException")
+        return body
+
+    async def _write(self, fn):
+        return await self.hub.write(fn)
+
+    async def register(self, request: Request) -> dict:
+        if not hmac.compare_digest(self._bearer(request).encode(), self.join_token.encode()):
+            raise AuthError("The join token is not valid.", "AccessDeniedException")
+        body = await self._body(request)
+        token = secrets.token_urlsafe(32)
+        result = await self._write(lambda ctx: state.register(ctx, body, token))
+        self.last_seen[result["containerInstanceArn"]] = time.monotonic()
+        return {**result, "token": token}
+
+    async def poll(self, request: Request) -> dict:
+        token = self._bearer(request)
+        try:
+            wait = min(float(request.query_params.get("wait", "20")), MAX_WAIT)
+        except ValueError:
+            raise InvalidParameter("Invalid parameter 'wait': seconds, as a number.") from None
+        host = await self.store.read(lambda conn: state.host_for_token(Context(conn, self.arns), token))
+        host_arn = host.arn
+        if not json.loads(host.doc).get("agentConnected"):
+            await self._write(lambda ctx: state.connected(ctx, token))
+        self.last_seen[host_arn] = time.monotonic()
+        await self.hub.signals.wait(host_arn, request.query_params.get("since"), wait)
+        # Read the token before the state: a change committed in between makes the next poll
+        # return at once instead of being missed.
+        version = self.hub.signals.token(host_arn)
+        desired = await self.store.read(lambda conn: state.desired_state(Context(conn, self.arns), host_arn))
+        self.last_seen[host_arn] = time.monotonic()
+        return {"version": version, **desired}
+
+    async def report(self, request: Request) -> dict:
+        token = self._bearer(request)
+        body = await self._body(request)
+        result = await self._write(lambda ctx: state.report(ctx, token, body))
+        self.last_seen[result.pop("host")] = time.monotonic()
+        return result

@@ -1,0 +1,303 @@
+"""The agent protocol's units of work: register a host, read its desired state, apply what its
+agent reports. Each runs in one store transaction, like an ECS operation, and writes its events
+in that transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from sqlalchemy import insert, select
+
+from shoal.api.ecs.common import cluster_row
+from shoal.api.ecs.container_instances import HEALTH_CHECKS, emit_instance_change, initial_health
+from shoal.api.operations import Context, dumps
+from shoal.domain import arns
+from shoal.domain.errors import AuthError, InvalidParameter
+from shoal.events.changes import emit_task_change
+from shoal.scheduler.placement import release, task_definition
+from shoal.store.db import update_versioned
+from shoal.store.tables import capacity_providers, container_instances as cis, tasks
+
+HOST_ID_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
+MAX_CUSTOM_ATTRIBUTES = 10
+# lastStatus in lifecycle order: an agent's report never moves a task backwards.
+TASK_ORDER = ("PROVISIONING", "PENDING", "ACTIVATING", "RUNNING", "DEACTIVATING", "STOPPING",
+              "DEPROVISIONING", "STOPPED")
+CONTAINER_ORDER = ("PENDING", "RUNNING", "STOPPED")
+CONTAINER_FIELDS = ("lastStatus", "exitCode", "reason", "runtimeId", "healthStatus")
+TASK_TIMES = ("pullStartedAt", "pullStoppedAt", "startedAt", "connectivityAt", "stoppingAt",
+              "executionStoppedAt", "stoppedAt")
+CHECK_STATUSES = ("OK", "IMPAIRED", "INSUFFICIENT_DATA", "INITIALIZING")
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _denied(message: str) -> AuthError:
+    return AuthError(message, "AccessDeniedException")
+
+
+def host_for_token(ctx: Context, token: str, *, for_update: bool = False):
+    stmt = select(cis).where(cis.c.agent_token_hash == token_hash(token))
+    row = ctx.conn.execute(stmt.with_for_update() if for_update else stmt).first()
+    if row is None or row.status == "INACTIVE":
+        raise _denied("The host credential is not valid (unknown, or the host was deregistered).")
+    return row
+
+
+def _int(body: dict, key: str, field: str) -> int:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidParameter(f"Invalid parameter '{field}': expected a non-negative integer, got {value!r}.")
+    return value
+
+
+def _ports(values, field: str) -> list[str]:
+    if not isinstance(values, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in values):
+        raise InvalidParameter(f"Invalid parameter '{field}': expected a list of port numbers.")
+    return sorted({str(p) for p in values}, key=int)
+
+
+def register(ctx: Context, body: dict, token: str) -> dict:
+    """A host joins: create its container instance (REGISTERING) and its credential."""
+    cluster = cluster_row(ctx, body.get("cluster"), lock="share")
+    host_id = body.get("hostId")
+    if not isinstance(host_id, str) or not HOST_ID_RE.match(host_id):
+        raise InvalidParameter("Invalid parameter 'hostId': 1 to 64 letters, digits, '.', '_' or '-'.")
+    provider = body.get("capacityProvider")
+    if provider is not None:
+        row = ctx.conn.execute(select(capacity_providers).where(capacity_providers.c.name == provider)).first()
+        if row is None or row.status != "ACTIVE" or provider not in json.loads(cluster.doc)["capacityProviders"]:
+            raise InvalidParameter(f"Invalid parameter 'capacityProvider': '{provider}' is not a capacity provider "
+                                   f"of cluster '{cluster.name}'.")
+    res = body.get("resources") or {}
+    registered = [
+        {"name": "CPU", "type": "INTEGER", "integerValue": _int(res, "cpu", "resources.cpu")},
+        {"name": "MEMORY", "type": "INTEGER", "integerValue": _int(res, "memory", "resources.memory")},
+        {"name": "PORTS", "type": "STRINGSET", "stringSetValue": _ports(res.get("ports", []), "resources.ports")},
+        {"name": "PORTS_UDP", "type": "STRINGSET",
+         "stringSetValue": _ports(res.get("udpPorts", []), "resources.udpPorts")},
+    ]
+    gpus = body.get("gpus") or []
+    for i, gpu in enumerate(gpus):
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("uuid"), str):
+            raise InvalidParameter(f"Invalid parameter 'gpus[{i}].uuid': expected the GPU's UUID.")
+        _int(gpu, "memoryMiB", f"gpus[{i}].memoryMiB")
+    if gpus:
+        registered.append({"name": "GPU", "type": "STRINGSET", "stringSetValue": [g["uuid"] for g in gpus]})
+    attributes = [{"name": "ecs.os-type", "value": "linux"},
+                  {"name": "ecs.cpu-architecture", "value": str(body.get("architecture") or "x86_64")}]
+    if body.get("instanceType"):
+        attributes.append({"name": "ecs.instance-type", "value": str(body["instanceType"])})
+    custom = body.get("attributes") or []
+    for i, attr in enumerate(custom):
+        name = attr.get("name") if isinstance(attr, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidParameter(f"Invalid parameter 'attributes[{i}].name': required.")
+        if name.startswith("ecs.") and not name.startswith("ecs.capability."):
+            raise InvalidParameter(f"Invalid parameter 'attributes[{i}].name': the 'ecs.' prefix is reserved.")
+    if sum(not a["name"].startswith(("ecs.", "shoal.")) for a in custom) > MAX_CUSTOM_ATTRIBUTES:
+        raise InvalidParameter(f"Invalid parameter 'attributes': at most {MAX_CUSTOM_ATTRIBUTES} custom attributes.")
+    attributes += [{"name": a["name"], **({"value": str(a["value"])} if a.get("value") is not None else {})}
+                   for a in custom]
+    instance_id = arns.new_id()
+    arn = ctx.arns.container_instance(cluster.name, instance_id)
+    doc = {
+        "containerInstanceArn": arn,
+        "ec2InstanceId": host_id,
+        "version": 1,
+        "versionInfo": body.get("versionInfo") or {},
+        "remainingResources": registered,
+        "registeredResources": registered,
+        "status": "REGISTERING",
+        "agentConnected": True,
+        "runningTasksCount": 0,
+        "pendingTasksCount": 0,
+        "attributes": attributes,
+        "registeredAt": ctx.now,
+        "attachments": [],
+        "tags": [],
+        "healthStatus": initial_health(ctx.now),
+        "gpuDevices": [{"gpuId": g["uuid"], "sharingMode": "IDLE", "containerCount": 0,
+                        "totalMemoryInMiB": g["memoryMiB"], "remainingMemoryInMiB": g["memoryMiB"]} for g in gpus],
+    }
+    if provider:
+        doc["capacityProviderName"] = provider
+    ctx.conn.execute(insert(cis).values(
+        arn=arn, id=instance_id, cluster_name=cluster.name, ec2_instance_id=host_id, status="REGISTERING",
+        capacity_provider_name=provider, registered_at=ctx.now, version=1, doc=dumps(doc),
+        agent_token_hash=token_hash(token), allocations="{}"))
+    emit_instance_change(ctx, cluster, doc)
+    return {"containerInstanceArn": arn, "cluster": cluster.name}
+
+
+def _cluster_of(ctx: Context, host):
+    return cluster_row(ctx, host.cluster_name)
+
+
+def connected(ctx: Context, token: str) -> str:
+    """A poll arrived: the agent is connected. Returns the host's ARN."""
+    host = host_for_token(ctx, token, for_update=True)
+    doc = json.loads(host.doc)
+    if not doc.get("agentConnected"):
+        doc.update(agentConnected=True, version=doc["version"] + 1)
+        update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, doc=dumps(doc))
+        emit_instance_change(ctx, _cluster_of(ctx, host), doc)
+        ctx.dirty_clusters.add(host.cluster_name)
+    return host.arn
+
+
+def disconnected(ctx: Context, host_arn: str) -> None:
+    """No poll for too long: the agent is lost. Only connected agents get new tasks."""
+    host = ctx.conn.execute(select(cis).where(cis.c.arn == host_arn).with_for_update()).first()
+    if host is None or host.status == "INACTIVE":
+        return
+    doc = json.loads(host.doc)
+    if doc.get("agentConnected"):
+        doc.update(agentConnected=False, version=doc["version"] + 1)
+        update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, doc=dumps(doc))
+        emit_instance_change(ctx, _cluster_of(ctx, host), doc)
+
+
+def desired_state(ctx: Context, host_arn: str) -> dict:
+    """What the host's agent should run: every task on it that has not stopped."""
+    host = ctx.conn.execute(select(cis.c.status, cis.c.doc).where(cis.c.arn == host_arn)).first()
+    rows = ctx.conn.execute(select(tasks.c.doc).where(tasks.c.container_instance_arn == host_arn,
+                                                      tasks.c.last_status != "STOPPED")).all()
+    out = []
+    for (text,) in rows:
+        doc = json.loads(text)
+        td = task_definition(ctx, doc["taskDefinitionArn"])
+        out.append({
+            "taskArn": doc["taskArn"], "desiredStatus": doc["desiredStatus"], "lastStatus": doc["lastStatus"],
+            "version": doc["version"], "cpu": doc.get("cpu"), "memory": doc.get("memory"),
+            "overrides": doc.get("overrides", {}), "family": td["family"], "revision": td["revision"],
+            "containerDefinitions": td["containerDefinitions"],
+            "containers": [{k: c[k] for k in ("name", "containerArn", "gpuIds") if k in c} for c in doc["containers"]],
+            "stopCode": doc.get("stopCode"), "stoppedReason": doc.get("stoppedReason"),
+        })
+    return {"status": host.status, "tasks": out}
+
+
+def _merge_container(current: dict, reported: dict) -> dict:
+    merged = dict(current)
+    for key in CONTAINER_FIELDS:
+        if key in reported and reported[key] is not None:
+            merged[key] = reported[key]
+    if CONTAINER_ORDER.index(merged["lastStatus"]) < CONTAINER_ORDER.index(current["lastStatus"]):
+        merged["lastStatus"] = current["lastStatus"]
+    return merged
+
+
+def apply_report(ctx: Context, host, update: dict) -> dict | None:
+    """Apply one task snapshot from the host's agent; return the task's state after it.
+
+    Snapshots arrive in the order the agent saw the transitions; each one that changes the task
+    moves its version and writes one "ECS Task State Change" event."""
+    arn = update.get("taskArn")
+    row = ctx.conn.execute(select(tasks).where(tasks.c.arn == str(arn)).with_for_update()).first()
+    if row is None or row.container_instance_arn != host.arn:
+        raise _denied(f"Task '{arn}' is not on this host: a host's credential reaches its own tasks only.")
+    doc = json.loads(row.doc)
+    if doc["lastStatus"] == "STOPPED":
+        return {"taskArn": row.arn, "lastStatus": "STOPPED", "desiredStatus": "STOPPED", "version": doc["version"]}
+    status = update.get("lastStatus", doc["lastStatus"])
+    if status not in TASK_ORDER:
+        raise InvalidParameter(f"Invalid parameter 'updates[].lastStatus': unknown task status {status!r}.")
+    before = json.dumps(doc, sort_keys=True)
+    if TASK_ORDER.index(status) > TASK_ORDER.index(doc["lastStatus"]):
+        doc["lastStatus"] = status
+    reported = {c.get("name"): c for c in update.get("containers", []) if isinstance(c, dict)}
+    doc["containers"] = [_merge_container(c, reported[c["name"]]) if c["name"] in reported else c
+                         for c in doc["containers"]]
+    for key in TASK_TIMES:
+        if update.get(key) is not None and key not in doc:
+            doc[key] = update[key]
+    if doc["lastStatus"] in ("STOPPING", "STOPPED") and doc["desiredStatus"] != "STOPPED":
+        # The task stops on its own (an essential container exited): that is now what is wanted.
+        doc["desiredStatus"] = "STOPPED"
+        doc.setdefault("stoppingAt", update.get("stoppingAt") or ctx.now)
+    if doc["desiredStatus"] == "STOPPED" and "stopCode" not in doc and update.get("stopCode"):
+        doc["stopCode"] = update["stopCode"]  # a stop the user asked for keeps UserInitiated
+        doc["stoppedReason"] = str(update.get("stoppedReason") or "")[:1024]
+    health_only = json.dumps({**doc, "healthStatus": None, "containers": [
+        {**c, "healthStatus": None} for c in doc["containers"]]}, sort_keys=True)
+    if update.get("healthStatus") in ("HEALTHY", "UNHEALTHY", "UNKNOWN"):
+        doc["healthStatus"] = update["healthStatus"]
+    after = json.dumps(doc, sort_keys=True)
+    if after != before:
+        # Health alone is not a state change (task events carry no health): no new version.
+        old = json.loads(before)
+        state_changed = health_only != json.dumps({**old, "healthStatus": None, "containers": [
+            {**c, "healthStatus": None} for c in old["containers"]]}, sort_keys=True)
+        if state_changed:
+            doc["version"] += 1
+        update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],
+                         desired_status=doc["desiredStatus"], doc=dumps(doc))
+        if state_changed:
+            emit_task_change(ctx, doc)
+        if doc["lastStatus"] == "STOPPED":
+            release(ctx, host.arn, row.arn)
+    return {"taskArn": row.arn, "lastStatus": doc["lastStatus"], "desiredStatus": doc["desiredStatus"],
+            "version": doc["version"]}
+
+
+def apply_health(ctx: Context, host, checks: dict) -> None:
+    """The agent's health checks; the first healthy report makes a REGISTERING host ACTIVE."""
+    doc = json.loads(host.doc)
+    health = doc.get("healthStatus") or initial_health(ctx.now)
+    details = {d["type"]: d for d in health["details"]}
+    changed = False
+    for kind, check in checks.items():
+        if kind not in HEALTH_CHECKS or not isinstance(check, dict) or check.get("status") not in CHECK_STATUSES:
+            raise InvalidParameter(f"Invalid parameter 'health.{kind}': expected one of {HEALTH_CHECKS} with a "
+                                   f"status in {CHECK_STATUSES}.")
+        detail = details.setdefault(kind, {"type": kind, "status": "INITIALIZING", "lastStatusChange": ctx.now})
+        if detail["status"] != check["status"] or detail.get("statusReason") != check.get("reason"):
+            changed = True
+            if detail["status"] != check["status"]:
+                detail["lastStatusChange"] = ctx.now
+            detail["status"] = check["status"]
+            if check.get("reason"):
+                detail["statusReason"] = str(check["reason"])[:1024]
+            else:
+                detail.pop("statusReason", None)
+        detail["lastUpdated"] = ctx.now
+    statuses = [d["status"] for d in details.values()]
+    overall = ("IMPAIRED" if "IMPAIRED" in statuses else "INITIALIZING" if "INITIALIZING" in statuses
+               else "INSUFFICIENT_DATA" if "INSUFFICIENT_DATA" in statuses else "OK")
+    health.update(overallStatus=overall, details=list(details.values()))
+    doc["healthStatus"] = health
+    status_changed = False
+    if host.status == "REGISTERING" and details.get("CONTAINER_RUNTIME", {}).get("status") == "OK":
+        doc.update(status="ACTIVE", version=doc["version"] + 1)
+        status_changed = True
+    if changed or status_changed:
+        update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, status=doc["status"], doc=dumps(doc))
+    if status_changed:
+        emit_instance_change(ctx, _cluster_of(ctx, host), doc)
+        ctx.dirty_clusters.add(host.cluster_name)
+        ctx.touched_hosts.add(host.arn)
+
+
+def report(ctx: Context, token: str, body: dict) -> dict:
+    """Everything one report carries, all or nothing: task snapshots in order, then health."""
+    host = host_for_token(ctx, token)
+    updates = body.get("updates") or []
+    if not isinstance(updates, list):
+        raise InvalidParameter("Invalid parameter 'updates': expected a list of task snapshots.")
+    results = {}
+    for update in updates:
+        if not isinstance(update, dict):
+            raise InvalidParameter("Invalid parameter 'updates[]': expected an object.")
+        state = apply_report(ctx, host, update)
+        results[state["taskArn"]] = state
+    if body.get("health"):
+        if not isinstance(body["health"], dict):
+            raise InvalidParameter("Invalid parameter 'health': expected an object of checks.")
+        host = host_for_token(ctx, token, for_update=True)  # re-read: placement may have moved it
+        apply_health(ctx, host, body["health"])
+    return {"tasks": list(results.values()), "host": host.arn}

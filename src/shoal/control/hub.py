@@ -1,0 +1,96 @@
+"""The control loop of one server: after every commit, wake the agents and the placement of the
+clusters it concerns; on a slow tick, catch what no commit announced (a lost agent, capacity to
+scale, tasks that another server left waiting).
+
+Reconcilers follow the controller pattern: observe, diff, act, each step idempotent, so running
+one twice, or on two servers at once, is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from sqlalchemy import distinct, select
+
+from shoal.api.agent import state as agent_state
+from shoal.api.operations import Context
+from shoal.control.signals import HostSignals
+from shoal.domain.tasks import PENDING_STATES
+from shoal.scheduler.placement import place_pending
+from shoal.store.tables import container_instances as cis, tasks
+
+log = logging.getLogger(__name__)
+TICK = 1.0
+AGENT_TIMEOUT = 30.0  # an agent long-polls every 20 s at most: silence past this means it is lost
+
+
+class Hub:
+    def __init__(self, store, arns, *, capacity=None):
+        self.store, self.arns, self.capacity = store, arns, capacity
+        self.signals = HostSignals()
+        self.last_seen: dict[str, float] = {}
+        self._dirty: set[str] = set()
+        self._wake: asyncio.Event | None = None
+        self._started = time.monotonic()
+
+    def committed(self, ctx: Context) -> None:
+        """Called on the event loop after a unit of work committed."""
+        if ctx.touched_hosts:
+            self.signals.bump(ctx.touched_hosts)
+        if ctx.dirty_clusters:
+            self._dirty |= ctx.dirty_clusters
+            if self._wake is not None:
+                self._wake.set()
+
+    async def write(self, fn):
+        def unit(conn):
+            ctx = Context(conn, self.arns)
+            return fn(ctx), ctx
+        result, ctx = await self.store.write(unit)
+        self.committed(ctx)
+        return result
+
+    async def run(self) -> None:
+        self._wake = asyncio.Event()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), TICK)
+            except asyncio.TimeoutError:
+                self._dirty |= await self.store.read(_clusters_with_waiting_tasks)
+            self._wake.clear()
+            try:
+                await self._place()
+                await self._sweep_agents()
+                if self.capacity is not None:
+                    await self.capacity.reconcile(self)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep reconciling; the next tick tries again
+                log.exception("control loop step failed")
+
+    async def _place(self) -> None:
+        while self._dirty:
+            cluster = self._dirty.pop()
+            await self.write(lambda ctx: place_pending(ctx, cluster))
+
+    async def _sweep_agents(self) -> None:
+        now = time.monotonic()
+        connected = await self.store.read(_connected_hosts)
+        for arn in connected:
+            if now - self.last_seen.get(arn, self._started) > AGENT_TIMEOUT:
+                log.warning("agent of %s is not polling: marking it disconnected", arn)
+                await self.write(lambda ctx, arn=arn: agent_state.disconnected(ctx, arn))
+
+
+def _clusters_with_waiting_tasks(conn) -> set[str]:
+    return set(conn.execute(select(distinct(tasks.c.cluster_name)).where(
+        tasks.c.desired_status == "RUNNING", tasks.c.container_instance_arn.is_(None),
+        tasks.c.last_status.in_(PENDING_STATES))).scalars())
+
+
+def _connected_hosts(conn) -> list[str]:
+    rows = conn.execute(select(cis.c.arn, cis.c.doc).where(cis.c.status != "INACTIVE")).all()
+    return [r.arn for r in rows if json.loads(r.doc).get("agentConnected")]
