@@ -13,7 +13,7 @@ import json
 import logging
 import time
 
-from sqlalchemy import distinct, select
+from sqlalchemy import select
 
 from shoal.api.agent import state as agent_state
 from shoal.api.operations import Context
@@ -86,7 +86,7 @@ class Hub:
 
 
 def _clusters_with_waiting_tasks(conn) -> set[str]:
-    return set(conn.execute(select(distinct(tasks.c.cluster_name)).where(
+    return set(conn.execute(select(tasks.c.cluster_name).distinct().where(
         tasks.c.desired_status == "RUNNING", tasks.c.container_instance_arn.is_(None),
         tasks.c.last_status.in_(PENDING_STATES))).scalars())
 

@@ -396,20 +396,33 @@ def _supervise(name: str, stop_timeout: float, argv: list[str]) -> int:
         now = time.monotonic()
         if stop_at and now >= stop_at[0] and now >= next_kill:
             next_kill = now + 1.0
-            try:
-                subprocess.run([*prefix, "kill", "--signal", "KILL", name], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
-            except (OSError, subprocess.SubprocessError):
-                pass
-    if rc < 0:  # podman run itself died by a signal: the container may live on under conmon
-        try:
-            subprocess.run([*prefix, "rm", "--force", "--ignore", "--time=0", name],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            pass
-        return 128 - rc
-    return rc
+            _quiet([*prefix, "kill", "--signal", "KILL", name])
+    if rc < 0 or stop_at:
+        # podman run died by a signal, or a stop came: a SIGTERM that reaches podman run before
+        # its signal proxy is set up makes it exit at once, leaving the container created (or,
+        # in a short window, running) under conmon. Whatever is left goes now.
+        state = _quiet([*prefix, "container", "inspect", "--format",
+                        "{{.State.Status}} {{.State.ExitCode}}", name])
+        if state is not None:
+            _quiet([*prefix, "rm", "--force", "--ignore", "--time=0", name])
+            status, _, code = state.partition(" ")
+            if status in ("exited", "stopped") and code.lstrip("-").isdigit():
+                rc = int(code)  # it ran and ended: its own exit code
+            elif status in ("configured", "created", "initialized"):
+                rc = 128 + signal.SIGTERM  # stopped before it ran: as a process SIGTERMed at once
+            else:
+                rc = 128 + signal.SIGKILL  # it ran on without podman run: just SIGKILLed by rm
+    return 128 - rc if rc < 0 else rc
+
+
+def _quiet(argv: list[str]) -> str | None:
+    """Run a podman command with a timeout; its stdout if it succeeded, else None."""
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def main(args: list[str] | None = None) -> int:

@@ -1,0 +1,222 @@
+"""The host agent: join the cluster, long-poll for what should run here, run it, report.
+
+The control plane owns desired state; the agent owns the truth about local processes. Its loop
+is the controller pattern: observe (a poll answer), diff (runners against desired tasks), act
+(start a runner, or tell one its task should stop), and every step is idempotent. Reports go out
+as transitions happen, in order, through one queue; the heartbeat is only a safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+
+from shoal.agent import cgroups
+from shoal.agent import host as hostinfo
+from shoal.agent.gpu.base import detect as detect_gpus
+from shoal.agent.runtime.files import write_atomic
+from shoal.agent.task_runner import TaskRunner
+
+log = logging.getLogger(__name__)
+POLL_WAIT = 20.0
+HEARTBEAT = 15.0
+IDENTITY = "agent.json"
+REPORTED = "stopped.reported"  # in a task dir: the control plane has its STOPPED report
+
+
+@dataclass
+class AgentConfig:
+    server: str
+    join_token: str
+    data_dir: Path
+    cluster: str = "default"
+    capacity_provider: str | None = None
+    host_id: str | None = None
+    instance_type: str | None = None
+    simulate: bool = False
+    attributes: dict[str, str] = field(default_factory=dict)
+    runtime: str = "process"
+    fake_gpus: Path | None = None
+
+
+class Deregistered(Exception):
+    """The control plane no longer knows this host's credential."""
+
+
+class Agent:
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.data_dir = config.data_dir.resolve()
+        self.tasks_dir = self.data_dir / "tasks"
+        self.runners: dict[str, TaskRunner] = {}
+        self.identity: dict | None = None
+        self._outbox: list[dict] = []
+        self._outbox_ready: asyncio.Event | None = None
+
+    # -- setup -----------------------------------------------------------------------------
+    def _backend(self):
+        c = self.config
+        return detect_gpus(fake_spec=c.fake_gpus, instance_type=c.instance_type if c.simulate else None,
+                           state_dir=self.data_dir)
+
+    def _runtime(self, gpus):
+        layout = cgroups.detect(parent_name=f"shoal-{self.host}")
+        index = {g.uuid: g.index for g in gpus}
+        if self.config.runtime == "podman":
+            from shoal.agent.runtime.podman import PodmanRuntime
+
+            return PodmanRuntime(gpu_index=index)
+        from shoal.agent.runtime.process import ProcessRuntime
+
+        return ProcessRuntime(layout=layout, cgroup_parent=f"shoal-{self.host}", gpu_index=index)
+
+    async def _register(self, client: httpx.AsyncClient, gpus) -> dict:
+        c = self.config
+        body = hostinfo.registration(
+            cluster=c.cluster, capacity_provider=c.capacity_provider, host=self.host,
+            instance_type=c.instance_type, simulate=c.simulate, gpus=gpus, attributes=c.attributes,
+            enforced=self.runtime.enforced(), runtime=self.runtime.name, version=_version())
+        r = await client.post("/v1/agent/register", json=body,
+                              headers={"Authorization": f"Bearer {c.join_token}"})
+        if r.status_code != 200:
+            raise SystemExit(f"registration refused ({r.status_code}): {r.text}")
+        identity = {**r.json(), "hostId": self.host}
+        write_atomic(self.data_dir / IDENTITY, json.dumps(identity).encode())
+        os.chmod(self.data_dir / IDENTITY, 0o600)
+        return identity
+
+    # -- main ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / IDENTITY
+        self.identity = json.loads(path.read_text()) if path.exists() else None
+        self.host = self.identity["hostId"] if self.identity else hostinfo.host_id(self.data_dir, self.config.host_id)
+        backend = self._backend()
+        gpus = backend.devices() if backend else []
+        self.runtime = self._runtime(gpus)
+        self._outbox_ready = asyncio.Event()
+        async with httpx.AsyncClient(base_url=self.config.server, timeout=httpx.Timeout(10.0)) as client:
+            if self.identity is None:
+                self.identity = await self._register(client, gpus)
+                log.info("registered as %s", self.identity["containerInstanceArn"])
+            else:
+                log.info("resuming as %s", self.identity["containerInstanceArn"])
+            self.client = client
+            self.auth = {"Authorization": f"Bearer {self.identity['token']}"}
+            workers = [asyncio.create_task(self._send_reports()), asyncio.create_task(self._heartbeat())]
+            try:
+                await self._poll_loop()
+            finally:
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                if backend:
+                    backend.close()
+
+    async def _poll_loop(self) -> None:
+        since, backoff = None, 0.2
+        while True:
+            try:
+                r = await self.client.get("/v1/agent/poll", params={"since": since or "", "wait": POLL_WAIT},
+                                          headers=self.auth, timeout=POLL_WAIT + 10)
+            except httpx.HTTPError as err:
+                log.warning("poll failed (%s); retrying in %.1fs", err, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if r.status_code == 403:
+                log.warning("the control plane refused this host's credential: deregistered; stopping")
+                return
+            if r.status_code != 200:
+                log.warning("poll answered %s: %s", r.status_code, r.text[:500])
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.2
+            desired = r.json()
+            since = desired["version"]
+            self._reconcile(desired["tasks"])
+            if desired["status"] == "INACTIVE":
+                log.warning("this host was deregistered; its tasks are left as they are; stopping")
+                return
+
+    def _reconcile(self, tasks: list[dict]) -> None:
+        for spec in tasks:
+            runner = self.runners.get(spec["taskArn"])
+            if runner is not None:
+                runner.set_desired(spec["desiredStatus"])
+                continue
+            task_dir = self.tasks_dir / spec["taskArn"].rsplit("/", 1)[-1]
+            if (task_dir / REPORTED).exists():
+                continue
+            runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue)
+            self.runners[spec["taskArn"]] = runner
+            asyncio.get_running_loop().create_task(runner.run())
+
+    # -- reporting -------------------------------------------------------------------------
+    def _enqueue(self, snapshot: dict) -> None:
+        self._outbox.append(snapshot)
+        self._outbox_ready.set()
+
+    def _health(self) -> dict:
+        ok = {"status": "OK"}
+        return {"CONTAINER_RUNTIME": ok, "ACCELERATED_COMPUTE": ok, "DAEMON": ok, "AGENT_CONNECTIVITY": ok}
+
+    async def _post_report(self, body: dict) -> dict:
+        r = await self.client.post("/v1/agent/report", json=body, headers=self.auth)
+        if r.status_code == 403:
+            raise Deregistered(r.text)
+        r.raise_for_status()
+        return r.json()
+
+    async def _send_reports(self) -> None:
+        """Send queued snapshots in order, as one batch per round trip; retry until accepted."""
+        backoff = 0.2
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while self._outbox:
+                batch = self._outbox[:100]
+                try:
+                    answer = await self._post_report({"updates": batch})
+                except Deregistered:
+                    return
+                except httpx.HTTPError as err:
+                    log.warning("report failed (%s); retrying in %.1fs", err, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                backoff = 0.2
+                del self._outbox[:len(batch)]
+                for state in answer["tasks"]:
+                    self._acknowledged(state)
+
+    def _acknowledged(self, state: dict) -> None:
+        runner = self.runners.get(state["taskArn"])
+        if state["lastStatus"] == "STOPPED" and runner is not None and runner.done.done():
+            (runner.dir / REPORTED).touch()
+            del self.runners[state["taskArn"]]
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                await self._post_report({"health": self._health()})
+            except Deregistered:
+                return
+            except httpx.HTTPError as err:
+                log.warning("heartbeat failed: %s", err)
+            await asyncio.sleep(HEARTBEAT)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("shoal")
+    except metadata.PackageNotFoundError:
+        return "0"

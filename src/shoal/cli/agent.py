@@ -1,0 +1,53 @@
+"""`shoal agent`: run the host agent for this machine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def agent(
+    server: Annotated[str, typer.Option(help="The control plane's URL.", envvar="SHOAL_SERVER")],
+    join_token: Annotated[str, typer.Option(help="The cluster's join token (the server's <data-dir>/join-token).",
+                                            envvar="SHOAL_JOIN_TOKEN")],
+    cluster: Annotated[str, typer.Option(help="Cluster to join.")] = "default",
+    capacity_provider: Annotated[Optional[str], typer.Option(help="Capacity provider the host belongs to.")] = None,
+    data_dir: Annotated[Path, typer.Option(help="The agent's state: identity, task and container dirs, logs.",
+                                           envvar="SHOAL_AGENT_DATA_DIR")] = Path(".shoal/agent"),
+    host_id: Annotated[Optional[str], typer.Option(help="The host's id (ec2InstanceId). Default: generated "
+                                                        "once and kept in the data dir.")] = None,
+    instance_type: Annotated[Optional[str], typer.Option(help="Instance type to register "
+                                                              "(attribute ecs.instance-type).")] = None,
+    simulate: Annotated[bool, typer.Option("--simulate", help="Take CPU, memory and GPUs from the instance "
+                                                              "catalog for --instance-type (simulated GPUs).")] = False,
+    fake_gpus: Annotated[Optional[Path], typer.Option(help="Simulate GPUs from a JSON spec "
+                                                           "({model, count, memoryMiB, uuids?}).")] = None,
+    attribute: Annotated[Optional[list[str]], typer.Option(help="Custom attribute NAME=VALUE (repeatable).")] = None,
+    runtime: Annotated[str, typer.Option(help="process (default; image is not used) or podman.")] = "process",
+) -> None:
+    """Run the host agent: register this host, run the tasks placed on it, report their life."""
+    from shoal.agent.agent import Agent, AgentConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if runtime not in ("process", "podman"):
+        raise typer.BadParameter("expected process or podman", param_hint="--runtime")
+    if simulate and not instance_type:
+        raise typer.BadParameter("--simulate needs --instance-type", param_hint="--simulate")
+    attributes = {}
+    for item in attribute or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="--attribute")
+        attributes[name] = value
+    config = AgentConfig(server=server.rstrip("/"), join_token=join_token, data_dir=data_dir, cluster=cluster,
+                         capacity_provider=capacity_provider, host_id=host_id, instance_type=instance_type,
+                         simulate=simulate, attributes=attributes, runtime=runtime, fake_gpus=fake_gpus)
+    try:
+        asyncio.run(Agent(config).run())
+    except KeyboardInterrupt:
+        pass
