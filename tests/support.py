@@ -138,3 +138,18 @@ class ServerProcess:
 def database_url_for(backend: str) -> str | None:
     return fresh_postgres_database() if backend == "postgres" else None
 
+
+
+def kill_workloads(root: Path) -> None:
+    """Kill every shim and workload started under `root` (agents' data dirs): test cleanup, since
+    task processes outlive their agents by design."""
+    for pid_file in [*root.rglob("shim.pid"), *root.rglob("pid")]:
+        try:
+            pid = int(pid_file.read_text())
+        except (OSError, ValueError):
+            continue
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -136,7 +136,8 @@ def test_podman_is_usable_here():
 def test_stdout_stderr_and_exit_code(run):
     handle, _ = run(["sh", "-c", "echo hello from podman; echo oops >&2; exit 3"])
     status = _wait(handle)
-    assert status["exitCode"] == 3 and status["signal"] is None and not status["stopRequested"]
+    assert status["exitCode"] == 3, (status, handle.stderr_path.read_text())  # 125/126: podman failed
+    assert status["signal"] is None and not status["stopRequested"]
     assert handle.stdout_path.read_text() == "hello from podman\n"
     assert handle.stderr_path.read_text() == "oops\n"
 
@@ -249,3 +250,60 @@ def test_stop_right_after_launch_leaves_no_container(run):
     assert status["stopRequested"] and not status["killed"], status
     assert status["exitCode"] in (137, 143), status
     _wait_for(lambda: not _exists(name), 10, "the container to be gone")
+
+
+# --- the agent's runtime class -------------------------------------------------------------------
+
+def _runner_and_container(tmp_path, definition, gpu_ids=()):
+    from types import SimpleNamespace
+    task_id = uuid.uuid4().hex
+    runner = SimpleNamespace(arn=f"arn:aws:ecs:us-east-1:000000000000:task/c1/{task_id}",
+                             dir=tmp_path / task_id)
+    c = SimpleNamespace(name=definition["name"], definition=definition, gpu_ids=list(gpu_ids),
+                        arn=f"arn:aws:ecs:us-east-1:000000000000:container/c1/{task_id}/x")
+    return runner, c
+
+
+def test_runtime_gpu_environment_uses_uuids_and_cdi_indices(tmp_path):
+    rt = podman.PodmanRuntime(gpu_index={"GPU-a": 0, "GPU-b": 3})
+    runner, c = _runner_and_container(tmp_path, {"name": "Web", "image": "img"}, ["GPU-b"])
+    env = rt.env(runner, c)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-b" and "CUDA_VISIBLE_DEVICES" not in env
+    assert env["ECS_CONTAINER_NAME"] == "Web" and "PATH" not in env
+    assert rt.gpu_devices(c) == ["3"]
+    assert podman._NAME_OK.fullmatch(rt.container_name(runner, c))
+
+
+def test_runtime_refuses_a_container_without_image(tmp_path):
+    rt = podman.PodmanRuntime(gpu_index={})
+    runner, c = _runner_and_container(tmp_path, {"name": "web", "command": ["true"]})
+    with pytest.raises(ValueError, match="no image"):
+        rt.prepare(runner, c)
+
+
+@needs_podman
+def test_runtime_prepare_runs_under_a_shim_like_the_task_runner(tmp_path, image):
+    rt = podman.PodmanRuntime(gpu_index={})
+    definition = {"name": "web", "image": image, "entryPoint": ["sh", "-c"],
+                  "command": ["echo $ECS_CONTAINER_NAME $A; pwd; echo ready; exec sleep 600"],
+                  "environment": [{"name": "A", "value": "b c"}], "workingDirectory": "/tmp",
+                  "memory": 64, "cpu": 128, "stopTimeout": 2}
+    runner, c = _runner_and_container(tmp_path, definition)
+    argv, env, cwd, cgroup = rt.prepare(runner, c)
+    assert cgroup is None and cwd is None and "A" not in env
+    # As the task runner does: the shim gets the definition's stopTimeout itself.
+    handle = shims.launch(runner.dir / c.name, argv, env, cwd, 2.0)
+    try:
+        _wait_for(lambda: "ready" in handle.stdout_path.read_text(), 30, "ready")
+        assert handle.stdout_path.read_text() == "web b c\n/tmp\nready\n"
+        probe = subprocess.run(rt.exec_argv(runner, c, ["cat", "/" + build_image.MARKER_PATH]),
+                               capture_output=True, text=True, timeout=30)
+        assert probe.returncode == 0 and probe.stdout == build_image.MARKER_TEXT
+        started = time.monotonic()
+        handle.stop()
+        status = _wait(handle, timeout=2.0 + 3.0)
+        assert status["exitCode"] == 137 and not status["killed"], status
+        assert time.monotonic() - started < 2.0 + 1.0
+        assert not _exists(rt.container_name(runner, c))
+    finally:
+        rt.cleanup(runner, c)

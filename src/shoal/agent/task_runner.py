@@ -127,6 +127,9 @@ class TaskRunner:
                 c.handle = shims.attach(self.dir / c.name)
             except FileNotFoundError:
                 continue
+            # Its cgroup (kept across the restart; created again if already gone) tells an OOM kill
+            # that happened while we were away, and is removed with the task as usual.
+            c.cgroup = self.runtime.cgroup(self, c)
             exit_status = c.handle.exit_status()
             if exit_status is not None:
                 self._exited(c, exit_status, report=False)
@@ -263,8 +266,8 @@ class TaskRunner:
         loop = asyncio.get_running_loop()
         spec = hc.HealthCheckSpec.from_ecs(check)
 
-        def changed(_old: str, new: str) -> None:
-            loop.call_soon_threadsafe(self._health_changed, c, new)
+        def changed(status: str, _output: str) -> None:  # HealthChecker passes (new status, probe output)
+            loop.call_soon_threadsafe(self._health_changed, c, status)
 
         c.checker = hc.HealthChecker(spec, self.runtime.env(self, c), c.definition.get("workingDirectory"), changed)
         since = None if started_at is None else time.monotonic() - max(0.0, time.time() - started_at)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from shoal.cli import agent, catalog, events, server
+from shoal.cli import agent, catalog, events, logs, server, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="shoal: a self-hosted orchestrator for GPU fleets that speaks the Amazon ECS API.")
 app.command("server")(server.server)
-app.command("up")(server.up)
+app.command("up")(up.up)
 app.command("agent")(agent.agent)
+app.command("logs")(logs.logs)
 app.add_typer(events.app, name="events")
 app.add_typer(catalog.app, name="catalog")
 

@@ -1,4 +1,4 @@
-"""`shoal server` and `shoal up`."""
+"""`shoal server`: the control plane."""
 
 from __future__ import annotations
 
@@ -17,14 +17,28 @@ from shoal.config import Settings, load_or_create_credentials, load_or_create_jo
 DEFAULT_PORT = 8642
 
 
-def _serve(settings: Settings, host: str, port: int, on_ready=None) -> None:
+def capacity_controller(settings: Settings, kind: str, launch: str | None, terminate: str | None,
+                        list_: str | None, scale_in_after: float):
+    """The managed-capacity controller with the provisioner the flags name (local hosts live in
+    <data-dir>/hosts)."""
+    from shoal.control.capacity import CapacityController
+    from shoal.providers import from_settings
+
+    try:
+        provisioner = from_settings(kind, settings.data_dir.resolve() / "hosts", launch, terminate, list_)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--provisioner") from None
+    return CapacityController(provisioner, settings.join_token, scale_in_after=scale_in_after)
+
+
+def _serve(settings: Settings, host: str, port: int, on_ready=None, capacity=None) -> None:
     from shoal.api.app import create_app
 
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
     # that was installed before it; make that a clean exit rather than death by signal.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
-    app = create_app(settings)
+    app = create_app(settings, capacity=capacity)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             loop="auto", http="auto", lifespan="on")
     srv = uvicorn.Server(config)
@@ -33,9 +47,12 @@ def _serve(settings: Settings, host: str, port: int, on_ready=None) -> None:
         serving = asyncio.create_task(srv.serve())
         while not srv.started and not serving.done():
             await asyncio.sleep(0.02)
-        if srv.started and on_ready:
+        if srv.started:
             bound = srv.servers[0].sockets[0].getsockname()[1]
-            on_ready(bound)
+            if capacity is not None:  # hosts it launches join through loopback unless told otherwise
+                capacity.server_url = capacity.server_url or f"http://127.0.0.1:{bound}"
+            if on_ready:
+                on_ready(bound)
         await serving
 
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop where installed
@@ -55,6 +72,17 @@ def server(
                                                    help="Accept unsigned requests. Development only.")] = False,
     join_token: Annotated[Optional[str], typer.Option(help="The secret agents register with. Default: kept in "
                                                           "<data-dir>/join-token.", envvar="SHOAL_JOIN_TOKEN")] = None,
+    provisioner: Annotated[str, typer.Option(help="How managed capacity providers get hosts: local (agent "
+                                                  "processes on this machine) or command.")] = "local",
+    provisioner_launch: Annotated[Optional[str], typer.Option(help="command provisioner: launch executable "
+                                                                   "(JSON on stdin and stdout).")] = None,
+    provisioner_terminate: Annotated[Optional[str], typer.Option(help="command provisioner: terminate "
+                                                                      "executable.")] = None,
+    provisioner_list: Annotated[Optional[str], typer.Option(help="command provisioner: list executable.")] = None,
+    advertise_url: Annotated[Optional[str], typer.Option(help="The URL launched hosts join (default: "
+                                                              "http://127.0.0.1:<port>).")] = None,
+    scale_in_after: Annotated[float, typer.Option(help="Seconds a managed host sits idle before it is "
+                                                       "retired.")] = 300.0,
 ) -> None:
     """Run the control plane (ECS JSON API, events, REST extras)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -63,28 +91,8 @@ def server(
     settings = Settings(data_dir=data_dir, db_url=db, region=region, account=account,
                         auth=not insecure_no_auth, credentials={key_id: secret},
                         join_token=join_token or load_or_create_join_token(data_dir))
+    capacity = capacity_controller(settings, provisioner, provisioner_launch, provisioner_terminate,
+                                   provisioner_list, scale_in_after)
+    capacity.server_url = advertise_url
     _serve(settings, host, port,
-           lambda bound: print(f"shoal server listening on http://{host}:{bound}", flush=True))
-
-
-def up(
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
-    data_dir: Annotated[Path, typer.Option(help="Where the store and credentials live.",
-                                           envvar="SHOAL_DATA_DIR")] = Path(".shoal"),
-) -> None:
-    """Run shoal on this machine: the control plane on SQLite under ./.shoal/."""
-    key_id, secret = load_or_create_credentials(data_dir)
-    settings = Settings(data_dir=data_dir, credentials={key_id: secret})
-
-    def ready(bound: int) -> None:
-        print(f"export SHOAL_ENDPOINT=http://127.0.0.1:{bound}\n"
-              f"export AWS_ACCESS_KEY_ID={key_id}\n"
-              f"export AWS_SECRET_ACCESS_KEY={secret}\n"
-              f"export AWS_DEFAULT_REGION=local\n"
-              f'# try: aws ecs --endpoint-url "$SHOAL_ENDPOINT" list-clusters\n'
-              f"# events: shoal events list   (store: {settings.database_url}; Ctrl-C stops)", flush=True)
-
-    try:
-        _serve(settings, "127.0.0.1", port, ready)
-    except KeyboardInterrupt:  # uvicorn has already shut down gracefully
-        pass
+           lambda bound: print(f"shoal server listening on http://{host}:{bound}", flush=True), capacity)

@@ -4,12 +4,15 @@ A fake host's GPUs come from a JSON spec (`{"model", "count", "memoryMiB", "uuid
 instance catalog (a simulated `p6-b200.48xlarge` has the catalog's 8 GPUs). Their UUIDs are kept
 in the state dir, so a restarted agent sees the same devices.
 
-Faults are injected through a Unix datagram socket in the state dir: `inject(state_dir, gpu, xid)`
-sends one datagram and `wait_xid` wakes at once, as an NVML event wait would. No polling.
+Faults are injected through a Unix datagram socket named after the state dir (in the abstract
+namespace, so that a deep state dir does not hit the 108-byte limit of socket paths):
+`inject(state_dir, gpu, xid)` sends one datagram and `wait_xid` wakes at once, as an NVML event
+wait would. No polling.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -18,7 +21,9 @@ from pathlib import Path
 
 from shoal.agent.gpu.base import Gpu, XidEvent
 
-SOCKET_NAME = "fake-gpu.sock"
+def socket_address(state_dir: Path) -> str:
+    digest = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:32]
+    return f"\0shoal-fake-gpu-{digest}"
 DEVICES_FILE = "fake-gpus.json"
 
 
@@ -29,10 +34,8 @@ class FakeGpus:
         self._devices = devices
         self._socket: socket.socket | None = None
         if state_dir is not None:
-            path = state_dir / SOCKET_NAME
-            path.unlink(missing_ok=True)
             self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._socket.bind(str(path))
+            self._socket.bind(socket_address(state_dir))
 
     @classmethod
     def from_spec(cls, spec_path: Path | None = None, *, instance_type: str | None = None,
@@ -72,16 +75,14 @@ class FakeGpus:
 
     def close(self) -> None:
         if self._socket is not None:
-            path = self._socket.getsockname()
             self._socket.close()
             self._socket = None
-            Path(path).unlink(missing_ok=True)
 
 
 def inject(state_dir: Path, gpu: int | str, xid: int) -> None:
     """Make the fake GPU `gpu` (index or uuid) of the agent using `state_dir` report Xid `xid`."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.sendto(json.dumps({"gpu": gpu, "xid": xid}).encode(), str(state_dir / SOCKET_NAME))
+        s.sendto(json.dumps({"gpu": gpu, "xid": xid}).encode(), socket_address(state_dir))
 
 
 def _kept_uuids(state_dir: Path | None, count: int) -> list[str]:

@@ -39,10 +39,11 @@ What `run_argv` puts on the command line, and why:
 - `--stop-timeout T`: what `podman stop` uses if someone stops the container by hand.
 - `--label io.shoal.managed=true`: lets an operator find the containers shoal started
   (`podman ps -a --filter label=io.shoal.managed=true`).
-- GPUs (`gpu_env`, e.g. {"NVIDIA_VISIBLE_DEVICES": "0,1", ...}): the variables are added to the
-  container's environment; where a CDI specification for `nvidia.com/gpu` exists (made by
-  `nvidia-ctk cdi generate` into /etc/cdi or /var/run/cdi), each listed device is also passed as
-  `--device nvidia.com/gpu=ID`. Without CDI, the variables alone select GPUs only where the NVIDIA
+- GPUs (`gpu_env`, e.g. {"NVIDIA_VISIBLE_DEVICES": "GPU-uuid,...", ...}): the variables are added
+  to the container's environment; where a CDI specification for `nvidia.com/gpu` exists (made by
+  `nvidia-ctk cdi generate` into /etc/cdi or /var/run/cdi), each device in `gpu_devices` (CDI
+  names: host indices such as "0", the default naming) or, without it, in NVIDIA_VISIBLE_DEVICES
+  is also passed as `--device nvidia.com/gpu=ID`. Without CDI, the variables alone select GPUs only where the NVIDIA
   container toolkit's OCI hook is installed. (Not tested here: no GPU, and the toolkit is not
   packaged in Debian.)
 
@@ -59,18 +60,24 @@ hybrid cgroup v1/v2 layout (see docs in /work/shared/reference/python-stack.md Â
   ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2"). On a pure v2 host
   podman's default runtime is kept.
 
-Stopping. A container's PID 1 ignores SIGTERM unless it handles it (the kernel does not apply
-default actions to a pid namespace's init), and a SIGKILL to `podman run` does not reach the
-container: conmon keeps it running. So plain `podman run` under the shim would leave a `sleep
-600` running forever after a stop. The supervisor closes that gap: the shim's SIGTERM to the
-workload's process group reaches `podman run`, which proxies it to the container (--sig-proxy,
-the default), and the supervisor, which then waits `stop_timeout` seconds and sends the container
-SIGKILL with `podman kill` (repeated each second until `podman run` returns). That is docker's and
-ECS's stop: SIGTERM, then SIGKILL after the stop timeout; the exit code is the container's (137
-after a SIGKILL). Launch the shim with `shim_stop_timeout(t)`, a few seconds more than the
-container's timeout, so the shim's own SIGKILL is only a backstop. If `podman run` dies by a signal
-itself, the supervisor force-removes the container before it exits. A shim or supervisor killed
-with SIGKILL can still leave a container running: call `remove(name)` once the shim is over.
+Stopping. Two facts rule out signalling `podman run` directly: a SIGKILL to `podman run` does
+not reach the container (conmon keeps it running), and a SIGTERM that reaches `podman run` before
+its signal proxy is set up (which can be after the container has started and printed) makes it
+exit at once and leave the container behind (seen here in about 1 stop in 5 that came right after
+the container's first output). So the supervisor runs `podman run --sig-proxy=false` in a process
+group of its own, where the shim's signals cannot reach it, and on the shim's SIGTERM it stops
+the container itself, as docker and ECS do: the container's stop signal (SIGTERM unless the image
+says otherwise) with `podman kill`, retried until the container runs, then SIGKILL after
+`stop_timeout` seconds, retried each second until `podman run` returns. The exit code is the
+container's (143 or 137 when the stop signal or the SIGKILL ended it). PID 1 of a container
+ignores SIGTERM unless it handles it, so a bare `sleep 600` ends only by the SIGKILL.
+
+The shim's own SIGKILL (at the stop timeout it was launched with) must come later: launch the
+shim with `shim_stop_timeout(t)`, a few seconds more than the container's `t`
+(`PodmanRuntime` does the reverse: see there). `podman run` gets SIGKILL when the supervisor
+dies, and a supervisor that sees `podman run` end during a stop, or die by a signal,
+force-removes what is left of the container. Only a SIGKILL to the supervisor itself can leave a
+container running: call `remove(name)` once the shim is over.
 
 The supervisor runs as `python -I .../podman.py supervise NAME STOP_TIMEOUT -- PODMAN_ARGV...`,
 so it needs nothing but the standard library: this module must not import shoal at top level.
@@ -277,12 +284,14 @@ def _write_env_file(path: Path, env: dict[str, str]) -> None:
             tmp.unlink()
 
 
-def _gpu_flags(gpu_env: dict[str, str]) -> list[str]:
-    visible = (gpu_env.get("NVIDIA_VISIBLE_DEVICES") or "").strip()
-    if not visible or visible in ("void", "none") or not _cdi_has_nvidia_gpu():
+def _gpu_flags(gpu_env: dict[str, str], devices: list[str] | None) -> list[str]:
+    if devices is None:
+        visible = (gpu_env.get("NVIDIA_VISIBLE_DEVICES") or "").strip()
+        devices = [] if visible in ("", "void", "none") else [d.strip() for d in visible.split(",")]
+    devices = [d for d in devices if d]
+    if not devices or not _cdi_has_nvidia_gpu():
         return []
-    ids = ["all"] if visible == "all" else [d.strip() for d in visible.split(",") if d.strip()]
-    return [f"--device=nvidia.com/gpu={d}" for d in ids]
+    return [f"--device=nvidia.com/gpu={d}" for d in devices]
 
 
 def podman_run_argv(*, name: str, image: str, entry_point: list[str] | None,
@@ -290,7 +299,8 @@ def podman_run_argv(*, name: str, image: str, entry_point: list[str] | None,
                     memory_mib: int | None, memory_reservation_mib: int | None,
                     cpu_units: int | None, stop_timeout: float,
                     gpu_env: dict[str, str] | None = None,
-                    env_file: Path | str | None = None) -> list[str]:
+                    env_file: Path | str | None = None,
+                    gpu_devices: list[str] | None = None) -> list[str]:
     """The bare `podman run ...` command line (no supervisor); see the module docstring.
 
     With `env_file`, the container's environment is written there (mode 0600) first."""
@@ -301,8 +311,8 @@ def podman_run_argv(*, name: str, image: str, entry_point: list[str] | None,
     timeout = max(0, int(-(-float(stop_timeout) // 1)))  # whole seconds, rounded up
     argv = [exe, *global_flags(), "run", "--rm", "--replace", "--name", cname,
             "--pull=never", "--network=host", f"--log-driver={_log_driver()}",
-            "--http-proxy=false", f"--stop-timeout={timeout}", "--label", MANAGED_LABEL,
-            *ulimit_flags()]
+            "--http-proxy=false", "--sig-proxy=false", f"--stop-timeout={timeout}",
+            "--label", MANAGED_LABEL, *ulimit_flags()]
 
     full_env = {**env, **(gpu_env or {})}
     for k in full_env:
@@ -324,8 +334,8 @@ def podman_run_argv(*, name: str, image: str, entry_point: list[str] | None,
         argv.append(f"--cpu-shares={max(2, int(cpu_units))}")
     if workdir:
         argv.append(f"--workdir={workdir}")
-    if gpu_env:
-        argv += _gpu_flags(gpu_env)
+    if gpu_env or gpu_devices:
+        argv += _gpu_flags(gpu_env or {}, gpu_devices)
     if entry_point:
         argv.append("--entrypoint=" + json.dumps(list(entry_point)))
     argv.append(image)
@@ -336,14 +346,16 @@ def podman_run_argv(*, name: str, image: str, entry_point: list[str] | None,
 def run_argv(*, name: str, image: str, entry_point: list[str] | None, command: list[str] | None,
              env: dict[str, str], workdir: str | None, memory_mib: int | None,
              memory_reservation_mib: int | None, cpu_units: int | None, stop_timeout: float,
-             gpu_env: dict[str, str] | None = None, env_file: Path | str | None = None) -> list[str]:
+             gpu_env: dict[str, str] | None = None, env_file: Path | str | None = None,
+             gpu_devices: list[str] | None = None) -> list[str]:
     """The shim workload's argv for one container: the supervisor around `podman run ...`.
 
     Pass it to `shims.launch` with `host_env()` as env and `shim_stop_timeout(stop_timeout)`."""
     inner = podman_run_argv(name=name, image=image, entry_point=entry_point, command=command,
                             env=env, workdir=workdir, memory_mib=memory_mib,
                             memory_reservation_mib=memory_reservation_mib, cpu_units=cpu_units,
-                            stop_timeout=stop_timeout, gpu_env=gpu_env, env_file=env_file)
+                            stop_timeout=stop_timeout, gpu_env=gpu_env, env_file=env_file,
+                            gpu_devices=gpu_devices)
     return [sys.executable, "-I", str(Path(__file__).resolve()), "supervise", container_name(name),
             repr(float(stop_timeout)), "--", *inner]
 
@@ -363,13 +375,122 @@ def remove(name: str) -> None:
         pass
 
 
+# --- the agent's runtime ----------------------------------------------------------------------------
+
+class PodmanRuntime:
+    """The agent's "podman" runtime (`shoal agent --runtime podman`): the counterpart of
+    `shoal.agent.runtime.process.ProcessRuntime`, with the same methods.
+
+    `prepare` returns the shim's (argv, env, cwd, cgroup): the supervised `podman run` argv, the
+    environment podman itself needs, no cwd and no agent cgroup (podman enforces the limits in the
+    container's own cgroup). The container's environment travels in `<container dir>/podman.env`.
+
+    The task runner launches the shim with the task definition's stopTimeout T, so the supervisor
+    sends its SIGKILL `KILL_MARGIN` seconds before T: it comes before the shim's own SIGKILL to
+    `podman run`, which would leave the container running (see "Stopping" above). A runner that
+    launches the shim with `shim_stop_timeout(T)` instead can set `kill_margin=0`."""
+
+    name = "podman"
+    KILL_MARGIN = 0.5
+    DEFAULT_STOP_TIMEOUT = 30.0
+
+    def __init__(self, *, gpu_index: dict[str, int], mps_pipe_dir: str | None = None,
+                 kill_margin: float = KILL_MARGIN):
+        self.gpu_index, self.mps_pipe_dir, self.kill_margin = gpu_index, mps_pipe_dir, kill_margin
+
+    def enforced(self) -> dict[str, bool]:
+        """Which limits this host really enforces: podman sets memory and cpu in the container's
+        cgroup wherever it runs containers at all."""
+        ok = available()
+        return {"memory": ok, "cpu": ok}
+
+    @staticmethod
+    def container_name(runner, c) -> str:
+        return container_name(f"shoal-{runner.arn.rsplit('/', 1)[-1]}-{c.name}")
+
+    def env(self, runner, c) -> dict[str, str]:
+        """The container's environment. Unlike the process runtime, nothing of the agent's own
+        environment (PATH, HOME, ...) is passed: the image brings its own."""
+        env = {e["name"]: str(e.get("value", "")) for e in c.definition.get("environment", [])}
+        env.update(ECS_CONTAINER_NAME=c.name, SHOAL_TASK_ARN=runner.arn, SHOAL_CONTAINER_ARN=c.arn)
+        env.update(self.gpu_env(c))
+        return env
+
+    def gpu_env(self, c) -> dict[str, str]:
+        """The container's GPUs by UUID (NVIDIA_VISIBLE_DEVICES, read by the NVIDIA hook). No
+        CUDA_VISIBLE_DEVICES: the container sees only its own GPUs, numbered from 0, so the host's
+        indices would be wrong there."""
+        if not c.gpu_ids:
+            return {}
+        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(c.gpu_ids)}
+        for req in c.definition.get("resourceRequirements", []):
+            mps = (req.get("sharingStrategy") or {}).get("nvidiaMps")
+            if req["type"] == "GPU" and mps:
+                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps['memory']}M"
+                if mps.get("maxComputePercent") is not None:
+                    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps["maxComputePercent"])
+                if self.mps_pipe_dir:
+                    env["CUDA_MPS_PIPE_DIRECTORY"] = self.mps_pipe_dir  # not mounted in: see report
+        return env
+
+    def gpu_devices(self, c) -> list[str] | None:
+        """CDI device names (host indices) of the container's GPUs."""
+        if not c.gpu_ids:
+            return None
+        return [str(self.gpu_index.get(u, u)) for u in c.gpu_ids]
+
+    def argv(self, c) -> list[str]:
+        """What the container runs inside the image (for messages; the image decides the rest)."""
+        return [*(c.definition.get("entryPoint") or []), *(c.definition.get("command") or [])]
+
+    def cgroup(self, runner, c):
+        return None
+
+    def exec_argv(self, runner, c, argv: list[str]) -> list[str]:
+        """`argv` run inside the container (e.g. a health check probe)."""
+        return [podman_path() or "podman", *global_flags(), "exec", self.container_name(runner, c),
+                *argv]
+
+    def shim_stop_timeout(self, stop_timeout: float) -> float:
+        return float(stop_timeout) + (SHIM_STOP_GRACE if self.kill_margin == 0 else 0.0)
+
+    def prepare(self, runner, c):
+        """(argv, env, cwd, cgroup) for the container's shim."""
+        d = c.definition
+        image = d.get("image")
+        if not image:
+            raise ValueError(f"container {c.name} has no image")
+        cdir = Path(runner.dir) / c.name
+        cdir.mkdir(parents=True, exist_ok=True)
+        stop_timeout = float(d.get("stopTimeout") or self.DEFAULT_STOP_TIMEOUT)
+        memory, reservation, cpu = d.get("memory"), d.get("memoryReservation"), d.get("cpu")
+        argv = run_argv(
+            name=self.container_name(runner, c), image=image, entry_point=d.get("entryPoint"),
+            command=d.get("command"), env=self.env(runner, c), workdir=d.get("workingDirectory"),
+            memory_mib=int(memory) if memory is not None else None,
+            memory_reservation_mib=int(reservation) if reservation is not None else None,
+            cpu_units=int(cpu) if cpu else None,
+            stop_timeout=max(0.0, stop_timeout - self.kill_margin),
+            env_file=cdir / "podman.env", gpu_devices=self.gpu_devices(c))
+        return argv, host_env(), None, None
+
+    def cleanup(self, runner, c) -> None:
+        """After the container's shim is over: make sure no container is left (best effort)."""
+        remove(self.container_name(runner, c))
+
+
 # --- the supervisor -------------------------------------------------------------------------------
 
 def _supervise(name: str, stop_timeout: float, argv: list[str]) -> int:
-    """Run `podman run` (argv) and, once SIGTERM or SIGINT arrives, SIGKILL the container with
-    `podman kill` after `stop_timeout` seconds. Returns podman run's exit code (128+N if it died
-    by signal N). podman run is in our process group, so a signal to the group reaches it too
-    (and podman proxies it to the container); the supervisor does not forward signals itself."""
+    """Run `podman run` (argv) and stop its container when SIGTERM or SIGINT arrives: the
+    container's stop signal (`podman kill`, retried until the container runs), then SIGKILL after
+    `stop_timeout` seconds (retried each second until `podman run` returns).
+
+    `podman run` runs in a process group of its own, so the shim's signals to our group never
+    reach it: a SIGTERM that reached it before its signal proxy was set up would make it exit at
+    once and leave the container behind. It gets SIGKILL if the supervisor dies (PDEATHSIG).
+    Returns podman run's exit code: the container's (128+N if podman run itself died by signal N,
+    or what is said below if the container was left behind)."""
     stop_at: list[float] = []
 
     def on_stop(signum, frame):
@@ -382,25 +503,35 @@ def _supervise(name: str, stop_timeout: float, argv: list[str]) -> int:
     signal.signal(signal.SIGHUP, lambda s, f: None)
     prefix = argv[:argv.index("run")] if "run" in argv else argv[:1]
     try:
-        proc = subprocess.Popen(argv)
+        proc = subprocess.Popen(argv, process_group=0, preexec_fn=_die_with_parent)
     except OSError as e:
         print(f"shoal podman supervisor: cannot run {argv[0]}: {e}", file=sys.stderr, flush=True)
         return 127 if isinstance(e, FileNotFoundError) else 126
-    next_kill = 0.0
+    stop_signal: str | None = None
+    term_sent = False
+    next_try = 0.0
     while True:
         try:
-            rc = proc.wait(timeout=0.1)
+            rc = proc.wait(timeout=0.05)
             break
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
-        if stop_at and now >= stop_at[0] and now >= next_kill:
-            next_kill = now + 1.0
+        if not stop_at or now < next_try:
+            continue
+        if now >= stop_at[0]:
+            next_try = now + 1.0
             _quiet([*prefix, "kill", "--signal", "KILL", name])
+        elif not term_sent:
+            next_try = now + 0.1
+            if stop_signal is None:
+                stop_signal = _quiet([*prefix, "container", "inspect", "--format",
+                                      "{{.Config.StopSignal}}", name]) or None
+            # `podman kill` fails until the container runs: retried until it is delivered.
+            term_sent = _quiet([*prefix, "kill", "--signal", stop_signal or "TERM", name]) is not None
     if rc < 0 or stop_at:
-        # podman run died by a signal, or a stop came: a SIGTERM that reaches podman run before
-        # its signal proxy is set up makes it exit at once, leaving the container created (or,
-        # in a short window, running) under conmon. Whatever is left goes now.
+        # podman run died by a signal, or it returned during a stop (it may have been told to
+        # stop before it started the container): whatever is left of the container goes now.
         state = _quiet([*prefix, "container", "inspect", "--format",
                         "{{.State.Status}} {{.State.ExitCode}}", name])
         if state is not None:
@@ -413,6 +544,15 @@ def _supervise(name: str, stop_timeout: float, argv: list[str]) -> int:
             else:
                 rc = 128 + signal.SIGKILL  # it ran on without podman run: just SIGKILLed by rm
     return 128 - rc if rc < 0 else rc
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the supervisor dies (Linux; best effort)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _quiet(argv: list[str]) -> str | None:
