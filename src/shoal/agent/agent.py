@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -82,7 +83,9 @@ class Agent:
         body = hostinfo.registration(
             cluster=c.cluster, capacity_provider=c.capacity_provider, host=self.host,
             instance_type=c.instance_type, simulate=c.simulate, gpus=gpus, attributes=c.attributes,
-            enforced=self.runtime.enforced(), runtime=self.runtime.name, version=_version())
+            enforced=self.runtime.enforced(), runtime=self.runtime.name, version=_version(),
+            # Simulated GPUs come with a simulated MPS; real ones need the MPS control binary.
+            mps=bool(c.simulate or c.fake_gpus or shutil.which("nvidia-cuda-mps-control")))
         r = await client.post("/v1/agent/register", json=body,
                               headers={"Authorization": f"Bearer {c.join_token}"})
         if r.status_code != 200:

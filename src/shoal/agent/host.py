@@ -45,7 +45,7 @@ def architecture() -> str:
 
 def registration(*, cluster: str, capacity_provider: str | None, host: str, instance_type: str | None,
                  simulate: bool, gpus: list[Gpu], attributes: dict[str, str], enforced: dict[str, bool],
-                 runtime: str, version: str) -> dict:
+                 runtime: str, version: str, mps: bool = False) -> dict:
     if simulate:
         spec = catalog.get(instance_type)
         cpu, memory = spec.vcpus * 1024, int(spec.memory_gib * 1024)
@@ -57,6 +57,8 @@ def registration(*, cluster: str, capacity_provider: str | None, host: str, inst
     attrs.append({"name": "shoal.runtime", "value": runtime})
     if simulate:
         attrs.append({"name": "shoal.simulated", "value": "true"})
+    if mps and gpus:  # what ECS advertises when MPS can serve every GPU (ECS §2.2)
+        attrs.append({"name": "ecs.capability.gpu-sharing-mps"})
     return {
         "cluster": cluster,
         "capacityProvider": capacity_provider,
