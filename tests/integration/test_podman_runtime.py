@@ -116,7 +116,8 @@ def test_run_argv_without_env_file_or_limits():
     assert inner[-1] == "img"
 
 
-@pytest.mark.parametrize("name", ["Task/ABC:web", "-x", "UPPER", "a" * 300, "", "..", "ok-name_1.2"])
+@pytest.mark.parametrize("name", ["Task/ABC:web", "-x", "UPPER", "a" * 300, "", "..",
+                                  "ok-name_1.2"])
 def test_container_names_are_valid_and_distinct(name):
     cname = podman.container_name(name)
     assert podman._NAME_OK.fullmatch(cname) and len(cname) <= podman._NAME_MAX
@@ -136,7 +137,8 @@ def test_podman_is_usable_here():
 def test_stdout_stderr_and_exit_code(run):
     handle, _ = run(["sh", "-c", "echo hello from podman; echo oops >&2; exit 3"])
     status = _wait(handle)
-    assert status["exitCode"] == 3, (status, handle.stderr_path.read_text())  # 125/126: podman failed
+    # 125/126 mean podman itself failed: its message is in stderr.log.
+    assert status["exitCode"] == 3, (status, handle.stderr_path.read_text())
     assert status["signal"] is None and not status["stopRequested"]
     assert handle.stdout_path.read_text() == "hello from podman\n"
     assert handle.stderr_path.read_text() == "oops\n"

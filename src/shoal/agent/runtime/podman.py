@@ -15,7 +15,7 @@ What `run_argv` puts on the command line, and why:
 
 - `--rm --replace --name NAME`: the container is removed when it ends; a stale container of the
   same name (left by a crash) is replaced, so a relaunch never fails on the name. NAME is
-  `container_name(name)`: valid for podman, and collision-free (see there).
+  `container_name(name)`: valid for podman (see there).
 - `--pull=never`: images must already be in local storage (`podman load`, `podman import`,
   `podman pull` by an operator); a task never waits on, or fails on, a registry.
 - `--network=host`: the process runtime runs workloads on the host network, so the ports a task
@@ -43,9 +43,9 @@ What `run_argv` puts on the command line, and why:
   to the container's environment; where a CDI specification for `nvidia.com/gpu` exists (made by
   `nvidia-ctk cdi generate` into /etc/cdi or /var/run/cdi), each device in `gpu_devices` (CDI
   names: host indices such as "0", the default naming) or, without it, in NVIDIA_VISIBLE_DEVICES
-  is also passed as `--device nvidia.com/gpu=ID`. Without CDI, the variables alone select GPUs only where the NVIDIA
-  container toolkit's OCI hook is installed. (Not tested here: no GPU, and the toolkit is not
-  packaged in Debian.)
+  is also passed as `--device nvidia.com/gpu=ID`. Without CDI, the variables alone select GPUs
+  only where the NVIDIA container toolkit's OCI hook is installed. (Not tested: the development
+  machines have no GPU, and the toolkit is not packaged in Debian.)
 
 Host adaptations, found on Debian 12 machines that run as root without CAP_SYS_RESOURCE and with a
 hybrid cgroup v1/v2 layout (see docs in /work/shared/reference/python-stack.md §7.4):
@@ -128,8 +128,8 @@ def available() -> bool:
     if exe is None:
         return False
     try:
-        done = subprocess.run([exe, *global_flags(), "info", "--format", "{{.Host.OCIRuntime.Name}}"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        done = subprocess.run([exe, *global_flags(), "info", "--format",
+                               "{{.Host.OCIRuntime.Name}}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=host_env(), timeout=_INFO_TIMEOUT)
     except (OSError, subprocess.SubprocessError):
         return False
@@ -248,7 +248,7 @@ def container_name(name: str) -> str:
 
     A name that is already valid (lowercase) is kept. Any other is lowercased, has invalid
     characters replaced by '-', and gets '-' plus 10 hex digits of the original name's SHA-256,
-    so two different names never map to the same container name."""
+    so names that differ only in case or in invalid characters still get different names."""
     if _NAME_OK.fullmatch(name) and len(name) <= _NAME_MAX:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
@@ -375,7 +375,7 @@ def remove(name: str) -> None:
         pass
 
 
-# --- the agent's runtime ----------------------------------------------------------------------------
+# --- the agent's runtime -------------------------------------------------------------------------
 
 class PodmanRuntime:
     """The agent's "podman" runtime (`shoal agent --runtime podman`): the counterpart of
@@ -528,7 +528,8 @@ def _supervise(name: str, stop_timeout: float, argv: list[str]) -> int:
                 stop_signal = _quiet([*prefix, "container", "inspect", "--format",
                                       "{{.Config.StopSignal}}", name]) or None
             # `podman kill` fails until the container runs: retried until it is delivered.
-            term_sent = _quiet([*prefix, "kill", "--signal", stop_signal or "TERM", name]) is not None
+            sent = _quiet([*prefix, "kill", "--signal", stop_signal or "TERM", name])
+            term_sent = sent is not None
     if rc < 0 or stop_at:
         # podman run died by a signal, or it returned during a stop (it may have been told to
         # stop before it started the container): whatever is left of the container goes now.
