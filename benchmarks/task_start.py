@@ -7,7 +7,7 @@ What is measured, and how:
    (memory 32), one at a time: issue RunTask (boto3), then DescribeTasks in a tight loop (every
    `--poll` s, default 2 ms, after each call returns) until lastStatus is RUNNING. The tasks are
    *left running* (so the k-th sample runs with k-1 other tasks on the host, which also grows the
-   agent's desired-state answer; `by_running_tasks` shows p50 per quarter). Reported twice:
+   agent's desired-state answer; `client_p50_ms_by_running_tasks` shows p50 per quarter). Reported twice:
    - client: from just before RunTask to the DescribeTasks response that shows RUNNING (its
      resolution is one DescribeTasks round trip, `describe_call_ms`);
    - server: from the task's createdAt to the time the server applied the agent's RUNNING report
@@ -30,13 +30,13 @@ What is measured, and how:
    sees the pidfd, finishes the runner), -> STOPPED applied. Runs with `--keep` (50) `sleep`
    tasks in the background (those of phase 3).
 3. Agent RSS with `--keep` (default 50) tasks running: the rest of phase 1's tasks are stopped
-   first. VmRSS and VmHWM of the agent; per-container shim cost as VmRSS and as Pss (from
+   first (the phases run in the order 1, 3, 4, 2). VmRSS and VmHWM of the agent; per-container shim cost as VmRSS and as Pss (from
    smaps_rollup: shared interpreter pages divided among the processes sharing them, the fairer
    per-container figure). The workloads themselves (`sleep`) are not counted.
 4. Agent idle CPU: with those tasks running and no client calls, utime+stime of the agent from
    /proc over `--idle` seconds (default 30), as % of one core; shims' and server's alongside.
 
-Prints one JSON object on stdout (progress goes to stderr). Goals (issue): RunTask -> RUNNING p50
+Prints one JSON object on stdout (progress goes to stderr); memory figures are MiB. Goals (issue): RunTask -> RUNNING p50
 <= 100 ms and p99 <= 300 ms; exit -> STOPPED p50 <= 100 ms and p99 <= 300 ms; agent RSS <= 80 MB
 with 50 tasks; agent idle CPU <= 1 % of a core. Everything started here (server, agent, shims,
 workloads, the agent's cgroups) is removed at the end, on failure too. Results: BENCHMARKS.md.
@@ -50,6 +50,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -414,7 +415,7 @@ def start_report(samples: list[dict], describe_ms: list[float], events: list[dic
             stages["pullStopped_to_running_applied"].append((applied - pe) * 1000)
         stages["running_applied_to_client_seen"].append((s["seen"] - applied) * 1000)
     client = [s["client_ms"] for s in samples]
-    quarter = max(1, len(samples) // 4)
+    quarter = max(1, -(-len(samples) // 4))  # ceil: four buckets at most
     by_running = {f"{samples[i]['running_before']}-{samples[min(len(samples), i + quarter) - 1]['running_before']}":
                   round(pct([s["client_ms"] for s in samples[i:i + quarter]], 50), 1)
                   for i in range(0, len(samples), quarter)}
@@ -604,7 +605,7 @@ def main() -> None:
         if args.keep_dir:
             say(f"kept {tmp}")
         else:
-            subprocess.run(["rm", "-rf", str(tmp)], check=False)
+            shutil.rmtree(tmp, ignore_errors=True)
     report["wall_s"] = round(time.monotonic() - t0, 1)
     start, stop = report["runtask_to_running"], report["exit_to_stopped"]
     report["goals"] = {

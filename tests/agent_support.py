@@ -104,7 +104,10 @@ class AgentProcess:
         cgroups, so nothing outlives the test. Pids are trusted only as `ShimHandle` verifies them
         (the shim by its command line, the workload by its recorded start time)."""
         for cdir in self.container_dirs():
-            handle = shims.attach(cdir)
+            try:
+                handle = shims.attach(cdir)
+            except FileNotFoundError:  # spec written, shim never came up: nothing runs there
+                continue
             if handle.workload_alive():
                 killpg(handle.pid(), signal.SIGKILL)
             if handle.alive():

@@ -9,6 +9,7 @@ in the agent's container directories (`<agent-data-dir>/tasks/<task-id>/<contain
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -34,6 +35,15 @@ def agent(server, ecs, tmp_path_factory):
         proc.start().wait_active(ecs)
         yield proc
     finally:
+        if proc.proc is not None and proc.proc.poll() is None:
+            # Deregistering answers the agent's long-poll with INACTIVE and the agent exits on its
+            # own. (A poll left open by an agent stopped mid-poll would hold the server's graceful
+            # shutdown for up to its 20 s wait.)
+            ecs.deregister_container_instance(cluster=CLUSTER, containerInstance=proc.arn, force=True)
+            try:
+                proc.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
         proc.stop()
         proc.kill_leftovers()
 
@@ -148,7 +158,8 @@ def test_a_task_that_exits_3_stops_with_its_exit_code_and_tells_its_story_in_eve
     assert all(a < b for a, b in zip(versions, versions[1:])), \
         f"detail.version must strictly increase event by event, got {versions} for {statuses}"
     assert {"PENDING", "RUNNING", "STOPPED"} <= set(statuses), f"missing lifecycle steps in {statuses}"
-    order = ["PENDING", "RUNNING", "STOPPING", "STOPPED"]
+    order = ["PROVISIONING", "PENDING", "ACTIVATING", "RUNNING", "DEACTIVATING", "STOPPING", "DEPROVISIONING",
+             "STOPPED"]
     assert statuses == sorted(statuses, key=order.index), f"events out of lifecycle order: {statuses}"
     assert statuses[-1] == "STOPPED" and statuses.count("STOPPED") == 1, statuses
     last = events[-1]["detail"]

@@ -122,6 +122,8 @@ class Agent:
                 await asyncio.gather(*workers, return_exceptions=True)
                 if backend:
                     backend.close()
+                if getattr(self.runtime, "layout", None) is not None:  # what adopted tasks use stays
+                    cgroups.remove_parent(self.runtime.layout, f"shoal-{self.host}")
 
     async def _poll_loop(self) -> None:
         since, backoff = None, 0.2

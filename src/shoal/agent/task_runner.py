@@ -269,7 +269,8 @@ class TaskRunner:
         def changed(status: str, _output: str) -> None:  # HealthChecker passes (new status, probe output)
             loop.call_soon_threadsafe(self._health_changed, c, status)
 
-        c.checker = hc.HealthChecker(spec, self.runtime.env(self, c), c.definition.get("workingDirectory"), changed)
+        spec, env, cwd = self.runtime.health_probe(self, c, spec)  # podman: the probe runs in the container
+        c.checker = hc.HealthChecker(spec, env, cwd, changed)
         since = None if started_at is None else time.monotonic() - max(0.0, time.time() - started_at)
         c.checker.start(since)
 
@@ -324,6 +325,8 @@ class TaskRunner:
                 c.status = "STOPPED"
             if c.cgroup is not None:
                 c.cgroup.remove()
+            if c.handle is not None:
+                self.runtime.cleanup(self, c)
         self.status = "STOPPED"
         now = time.time()
         self.times.setdefault("stoppingAt", now)

@@ -40,7 +40,8 @@ def _serve(settings: Settings, host: str, port: int, on_ready=None, capacity=Non
 
     app = create_app(settings, capacity=capacity)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            loop="auto", http="auto", lifespan="on")
+                            loop="auto", http="auto", lifespan="on",
+                            timeout_graceful_shutdown=2)  # agents' long-polls must not hold a shutdown
     srv = uvicorn.Server(config)
 
     async def main():

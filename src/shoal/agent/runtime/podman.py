@@ -85,6 +85,7 @@ so it needs nothing but the standard library: this module must not import shoal 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -450,6 +451,11 @@ class PodmanRuntime:
         """`argv` run inside the container (e.g. a health check probe)."""
         return [podman_path() or "podman", *global_flags(), "exec", self.container_name(runner, c),
                 *argv]
+
+    def health_probe(self, runner, c, spec):
+        """(spec, env, cwd) of the container's health probes: run inside it with `podman exec`."""
+        probe = dataclasses.replace(spec, command=["CMD", *self.exec_argv(runner, c, spec.argv())])
+        return probe, host_env(), None
 
     def shim_stop_timeout(self, stop_timeout: float) -> float:
         return float(stop_timeout) + (SHIM_STOP_GRACE if self.kill_margin == 0 else 0.0)

@@ -72,6 +72,13 @@ class ProcessRuntime:
                                          memory_reservation_mib=int(reservation) if reservation is not None else None,
                                          cpu_units=int(cpu) if cpu else None)
 
+    def health_probe(self, runner, c, spec):
+        """(spec, env, cwd) of the container's health probes: beside the process, as it sees things."""
+        return spec, self.env(runner, c), c.definition.get("workingDirectory")
+
+    def cleanup(self, runner, c) -> None:
+        """Nothing outlives a process container's shim."""
+
     def prepare(self, runner, c):
         """(argv, env, cwd, cgroup) for the container's shim."""
         argv = self.argv(c)
