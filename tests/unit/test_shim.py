@@ -272,3 +272,24 @@ def test_a_workload_that_cannot_join_its_cgroup_does_not_run(tmp_path):
     handle = launch(tmp_path / "c", ["/bin/true"], {}, None, 1.0, cgroups=[tmp_path / "no-such-cgroup"])
     status = handle.wait(10)
     assert status["exitCode"] is None and "preexec" in status["error"]
+
+
+def test_shims_forked_from_the_launcher_run_and_outlive_it(tmp_path):
+    """The fork server starts shims like the command line does, and they do not need it."""
+    from shoal.agent.runtime.forkserver import ForkServer
+    from shoal.agent.runtime.shims import shim_env
+
+    launcher = ForkServer(shim_env())
+    try:
+        quick = launch(tmp_path / "quick", ["sh", "-c", "echo forked; exit 5"], {}, None, 1,
+                             launcher=launcher)
+        assert quick.wait(10)["exitCode"] == 5
+        assert (tmp_path / "quick" / "stdout.log").read_text() == "forked\n"
+        slow = launch(tmp_path / "slow", ["sleep", "30"], {}, None, 1, launcher=launcher)
+        launcher_pid = launcher._proc.pid
+    finally:
+        launcher.close()
+    assert wait_for(lambda: gone(launcher_pid)), "closing stops the launcher"
+    assert slow.alive() and slow.workload_alive(), "the shim and its workload carry on without it"
+    slow.stop()
+    assert slow.wait(10)["exitCode"] == 143

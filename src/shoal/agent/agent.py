@@ -22,7 +22,9 @@ import httpx
 from shoal.agent import cgroups
 from shoal.agent import host as hostinfo
 from shoal.agent.gpu.base import detect as detect_gpus
+from shoal.agent.runtime import shims
 from shoal.agent.runtime.files import write_atomic
+from shoal.agent.runtime.forkserver import ForkServer
 from shoal.agent.task_runner import TaskRunner
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,7 @@ class Agent:
         backend = self._backend()
         gpus = backend.devices() if backend else []
         self.runtime = self._runtime(gpus)
+        self.launcher = ForkServer(shims.shim_env())
         self._outbox_ready = asyncio.Event()
         async with httpx.AsyncClient(base_url=self.config.server, timeout=httpx.Timeout(10.0)) as client:
             if self.identity is None:
@@ -120,6 +123,7 @@ class Agent:
                 for w in workers:
                     w.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
+                self.launcher.close()  # running shims do not depend on it
                 if backend:
                     backend.close()
                 if getattr(self.runtime, "layout", None) is not None:  # what adopted tasks use stays
@@ -161,7 +165,7 @@ class Agent:
             task_dir = self.tasks_dir / spec["taskArn"].rsplit("/", 1)[-1]
             if (task_dir / REPORTED).exists():
                 continue
-            runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue)
+            runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue, self.launcher)
             self.runners[spec["taskArn"]] = runner
             asyncio.get_running_loop().create_task(runner.run())
 

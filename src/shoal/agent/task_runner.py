@@ -64,8 +64,9 @@ class TaskRunner:
     """Drives one task to its desired state. `runtime` builds the container's command line and
     environment (process or podman); `report(snapshot)` sends a snapshot to the control plane."""
 
-    def __init__(self, spec: dict, task_dir: Path, runtime, report: Callable[[dict], None]):
+    def __init__(self, spec: dict, task_dir: Path, runtime, report: Callable[[dict], None], launcher=None):
         self.spec, self.dir, self.runtime, self._report = spec, task_dir, runtime, report
+        self.launcher = launcher  # the agent's shim fork server (None: start shims as new interpreters)
         self.arn = spec["taskArn"]
         self.desired = spec["desiredStatus"]
         self.status = "PENDING"
@@ -92,9 +93,7 @@ class TaskRunner:
     # -- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if not (self.dir / TASK_FILE).exists():
-                write_atomic(self.dir / TASK_FILE, json.dumps(self.spec).encode())
+            await asyncio.to_thread(self._record_spec)  # an fsync: not on the event loop
             self._adopt()
             while True:
                 if self.desired == "STOPPED" or self.stop_code:
@@ -119,6 +118,11 @@ class TaskRunner:
         finally:
             if not self.done.done():
                 self.done.set_result(None)
+
+    def _record_spec(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not (self.dir / TASK_FILE).exists():
+            write_atomic(self.dir / TASK_FILE, json.dumps(self.spec).encode())
 
     def _adopt(self) -> None:
         """Re-attach to containers started before (by this agent before a restart)."""
@@ -190,7 +194,7 @@ class TaskRunner:
             self.times.setdefault("pullStartedAt", time.time())
             try:
                 c.handle = await asyncio.to_thread(shims.launch, self.dir / c.name, argv, env, cwd, stop_timeout,
-                                                   cgroup.paths if cgroup else ())
+                                                   cgroup.paths if cgroup else (), self.launcher)
             except shims.AlreadyLaunched:
                 c.handle = shims.attach(self.dir / c.name)
             self.times.setdefault("pullStoppedAt", time.time())
@@ -256,8 +260,12 @@ class TaskRunner:
         if report:
             self._check_essential()
             self._maybe_running()
-            self.report()
+            if not (self.stop_code and self._all_ended()):  # else the STOPPED report follows at once
+                self.report()
             self._wake.set()
+
+    def _all_ended(self) -> bool:
+        return all(c.status != "RUNNING" and not c.launching for c in self.containers.values())
 
     def _start_health(self, c: Container, started_at: float | None) -> None:
         check = c.definition.get("healthCheck")
@@ -311,7 +319,7 @@ class TaskRunner:
         for c in self.containers.values():
             if c.status == "RUNNING":
                 await asyncio.to_thread(c.handle.stop)
-        return all(c.status != "RUNNING" and not c.launching for c in self.containers.values())
+        return self._all_ended()
 
     def _finish(self) -> None:
         for fd in self._fds:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 SPEC = "spec.json"
 SHIM_PID = "shim.pid"
+SHIM_START = "shim_start"  # the shim's start time in clock ticks: tells it apart from a pid reuse
 SHIM_LOG = "shim.log"
 PID = "pid"
 STARTED_AT = "started_at"

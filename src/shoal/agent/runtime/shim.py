@@ -22,6 +22,9 @@ written atomically (a temporary file, then a rename), so a reader sees all of a 
                  (or the default path when it has none). `cwd` null means "/".
     shim.pid     the shim's pid. It is claimed exclusively (a hard link), so two shims can
                  never run in one directory.
+    shim_start   the shim's start time in clock ticks, written just before shim.pid: with it the
+                 agent tells the shim apart from a later process that reuses its pid (a shim
+                 forked from the agent's launcher has the launcher's command line).
     shim.log     the shim's own stdout and stderr (its stdin is /dev/null): what it did and why.
     stdout.log   the workload's stdout and stderr, opened by the shim in append mode and handed
     stderr.log   to the workload directly, so logging goes on whether or not an agent runs.
@@ -86,7 +89,7 @@ from pathlib import Path
 
 from shoal.agent.cgroups import preexec_join
 from shoal.agent.runtime.files import (
-    EXIT, PID, PROC_START, SHIM_LOG, SHIM_PID, SPEC, STARTED_AT, STDERR_LOG, STDOUT_LOG, killpg,
+    EXIT, PID, PROC_START, SHIM_LOG, SHIM_PID, SHIM_START, SPEC, STARTED_AT, STDERR_LOG, STDOUT_LOG, killpg,
     proc_start_ticks, write_atomic,
 )
 
@@ -301,6 +304,7 @@ def main(args: list[str] | None = None) -> int:
     os.close(logfd)
 
     try:
+        write_atomic(cdir / SHIM_START, str(proc_start_ticks(os.getpid())).encode())
         write_atomic(cdir / SHIM_PID, str(os.getpid()).encode(), exclusive=True)
     except FileExistsError:
         _log("another shim owns this directory; exiting")
@@ -316,4 +320,8 @@ def main(args: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit now: interpreter teardown takes ~20 ms, and the agent sees the exit when we are gone.
+    os._exit(code if isinstance(code, int) else 1)

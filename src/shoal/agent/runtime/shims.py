@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.agent.runtime.files import (
-    EXIT, PID, PROC_START, SHIM_LOG, SHIM_PID, SPEC, STARTED_AT, STDERR_LOG, STDOUT_LOG, have_proc, killpg,
+    EXIT, PID, PROC_START, SHIM_LOG, SHIM_PID, SHIM_START, SPEC, STARTED_AT, STDERR_LOG, STDOUT_LOG, have_proc, killpg,
     proc_stat, read_int, read_text, write_atomic,
 )
 
 LAUNCH_DEADLINE = 5.0
 POLL_INTERVAL = 0.01
+LAUNCH_POLL_INTERVAL = 0.001  # a launch waits a few milliseconds at most: look often
 
 
 class ShimError(RuntimeError):
@@ -68,6 +69,9 @@ class ShimHandle:
             return False
         if not fields:  # no /proc to tell by
             return True
+        recorded = read_int(self.dir / SHIM_START)
+        if recorded is not None:  # a shim forked from the launcher has the launcher's command line
+            return int(fields[19]) == recorded
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError):
@@ -75,7 +79,7 @@ class ShimHandle:
         return os.fsencode(str(self.dir)) in cmdline.split(b"\0")
 
     def alive(self) -> bool:
-        """Whether the shim is running (guarded against pid reuse by its command line)."""
+        """Whether the shim is running (guarded against pid reuse by its start time or command line)."""
         pid = self.shim_pid()
         return pid is not None and self._is_our_shim(pid)
 
@@ -160,7 +164,7 @@ def _live_stat(pid: int) -> list[str] | None:
     return fields if fields and fields[0] not in ("Z", "X", "x") else None
 
 
-def _shim_env() -> dict[str, str]:
+def shim_env() -> dict[str, str]:
     """The shim's own environment: the agent's, with this package importable for `-m`."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[3])
@@ -174,9 +178,10 @@ def _shim_log_tail(cdir: Path, limit: int = 2000) -> str:
 
 
 def launch(container_dir: Path, argv: list[str], env: dict[str, str], cwd: str | None,
-           stop_timeout: float, cgroups: list[Path] = ()) -> ShimHandle:
+           stop_timeout: float, cgroups: list[Path] = (), launcher=None) -> ShimHandle:
     """Write spec.json, start a detached shim for it and return once the workload has started
-    (`pid` exists) or failed to (exit.json exists).
+    (`pid` exists) or failed to (exit.json exists). With a `launcher` (a ForkServer), the shim is
+    forked from it rather than started as a new interpreter.
 
     Raises AlreadyLaunched if the directory already has a spec or a shim (never start twice), and
     ShimError if the shim does not come up within 5 seconds."""
@@ -196,16 +201,22 @@ def launch(container_dir: Path, argv: list[str], env: dict[str, str], cwd: str |
 
     deadline = time.monotonic() + LAUNCH_DEADLINE
     handle = ShimHandle(cdir)
-    with open(cdir / SHIM_LOG, "ab") as log:
-        first = subprocess.Popen([sys.executable, "-m", "shoal.agent.runtime.shim", str(cdir)],
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
-                                 env=_shim_env(), start_new_session=True, close_fds=True)
-    try:
-        rc = first.wait(timeout=LAUNCH_DEADLINE)  # it forks and exits at once
-    except subprocess.TimeoutExpired:
-        first.kill()
-        first.wait()
-        raise ShimError(f"shim for {cdir} did not detach: {_shim_log_tail(cdir)}") from None
+    if launcher is not None:
+        try:
+            rc = launcher.spawn(cdir, LAUNCH_DEADLINE)
+        except OSError as err:
+            raise ShimError(f"shim for {cdir} could not be forked: {err}") from None
+    else:
+        with open(cdir / SHIM_LOG, "ab") as log:
+            first = subprocess.Popen([sys.executable, "-m", "shoal.agent.runtime.shim", str(cdir)],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+                                     env=shim_env(), start_new_session=True, close_fds=True)
+        try:
+            rc = first.wait(timeout=LAUNCH_DEADLINE)  # it forks and exits at once
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
+            raise ShimError(f"shim for {cdir} did not detach: {_shim_log_tail(cdir)}") from None
     if rc != 0:
         raise ShimError(f"shim for {cdir} exited with {rc}: {_shim_log_tail(cdir)}")
 
@@ -217,7 +228,7 @@ def launch(container_dir: Path, argv: list[str], env: dict[str, str], cwd: str |
             if (cdir / PID).exists() or (cdir / EXIT).exists():
                 return handle
             raise ShimError(f"shim for {cdir} died before starting the workload: {_shim_log_tail(cdir)}")
-        time.sleep(POLL_INTERVAL)
+        time.sleep(LAUNCH_POLL_INTERVAL)
     handle.stop()
     raise ShimError(f"shim for {cdir} did not start the workload within {LAUNCH_DEADLINE:g}s: "
                     f"{_shim_log_tail(cdir)}")
