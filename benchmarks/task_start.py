@@ -67,6 +67,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
 
+from shoal.agent.runtime.shims import ShimHandle
+
 CLUSTER = "default"
 REGION = "local"
 GOALS = {"runtask_to_running_p50_ms": 100, "runtask_to_running_p99_ms": 300,
@@ -216,16 +218,9 @@ class Rig:
         return sorted(p.parent for p in self.agent_dir.glob("tasks/*/*/shim.pid"))
 
     def live_shims(self) -> list[int]:
-        """Pids of the shims still running (checked against their command line)."""
-        out = []
-        for cdir in self.container_dirs():
-            pid = read_int(cdir / "shim.pid")
-            try:
-                if pid and os.fsencode(str(cdir)) in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                    out.append(pid)
-            except OSError:
-                pass
-        return out
+        """Pids of the shims still running (checked against pid reuse, as the agent does)."""
+        handles = [ShimHandle(cdir) for cdir in self.container_dirs()]
+        return [h.shim_pid() for h in handles if h.alive()]
 
     def close(self) -> None:
         t0 = time.monotonic()

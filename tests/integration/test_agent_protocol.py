@@ -342,7 +342,7 @@ def test_one_hosts_credential_is_refused_on_another_hosts_tasks(server, ecs, uni
 # --- reports: all or nothing, never backwards -------------------------------------------------------------
 
 def test_a_bad_report_is_refused_whole(server, ecs, unique):
-    cluster, _ = make_cluster(ecs, unique)
+    cluster, cluster_arn = make_cluster(ecs, unique)
     host_arn, token = register_host(server, cluster)
     td = family(ecs, unique)
     good, bad = (start_on(ecs, cluster, td, host_arn) for _ in range(2))
@@ -371,7 +371,7 @@ def test_a_bad_report_is_refused_whole(server, ecs, unique):
         assert (now["lastStatus"], now["version"]) == ("PENDING", task["version"])
         assert now["containers"][0]["lastStatus"] == "PENDING"
     assert describe_host(ecs, cluster, host_arn, health=True) == health_before
-    assert events_since(server, position) == []
+    assert events_since(server, position, cluster_arn=cluster_arn) == []
 
     resp = report(server, token, [snapshot(good["taskArn"], "RUNNING"), snapshot(bad["taskArn"], "RUNNING")])
     assert resp.status_code == 200, resp.text
@@ -460,9 +460,10 @@ def test_long_poll_wakes_on_a_change(server, ecs, unique):
     assert 0.4 <= time.monotonic() - started < 5
     assert idle["version"] == first["version"] and idle["tasks"] == []
 
+    td = family(ecs, unique)
     waiting = PendingPoll(server, token, first["version"], wait=10)
     changed_at = time.monotonic()
-    task = ecs.run_task(cluster=cluster, taskDefinition=family(ecs, unique))["tasks"][0]
+    task = ecs.run_task(cluster=cluster, taskDefinition=td)["tasks"][0]
     assert task["containerInstanceArn"] == host_arn
     woken = waiting.result()
     assert waiting.returned_at - changed_at < 1.0

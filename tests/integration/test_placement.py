@@ -128,8 +128,10 @@ def assert_waiting(task: dict, reason: str) -> None:
 
 def placed_on(ecs, cluster: str, arn: str, timeout: float = PLACED_WITHIN) -> dict:
     """The task once the control loop has placed it (within `timeout` seconds)."""
-    return wait_for(lambda: (lambda t: t if t.get("containerInstanceArn") else None)(describe_task(ecs, cluster, arn)),
-                    timeout=timeout, interval=0.05, message=f"task {arn} to be placed")
+    def placed():
+        task = describe_task(ecs, cluster, arn)
+        return task if task.get("containerInstanceArn") else None
+    return wait_for(placed, timeout=timeout, interval=0.05, message=f"task {arn} to be placed")
 
 
 def resources(resource_list: list[dict]) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shoal.domain.errors import InvalidParameter
+from shoal.domain.task_definitions import parse_cpu, parse_memory
 
 # The lastStatus values before RUNNING (lifecycle: PROVISIONING → PENDING → ACTIVATING → RUNNING
 # → DEACTIVATING → STOPPING → DEPROVISIONING → STOPPED).
@@ -10,6 +11,10 @@ PENDING_STATES = ("PROVISIONING", "PENDING", "ACTIVATING")
 
 
 def check_overrides(task_definition: dict, overrides: dict) -> None:
+    if overrides.get("cpu"):
+        parse_cpu(str(overrides["cpu"]), "overrides.cpu")
+    if overrides.get("memory"):
+        parse_memory(str(overrides["memory"]), "overrides.memory")
     names = {c["name"] for c in task_definition["containerDefinitions"]}
     for i, co in enumerate(overrides.get("containerOverrides", [])):
         if co.get("name") not in names:
@@ -63,8 +68,9 @@ def new_task(*, task_arn: str, cluster_arn: str, task_definition: dict, containe
         "attributes": [],
         "tags": tags,
     }
-    for key, value in (("cpu", overrides.get("cpu") or task_definition.get("cpu")),
-                       ("memory", overrides.get("memory") or task_definition.get("memory")),
+    cpu = str(parse_cpu(str(overrides["cpu"]))) if overrides.get("cpu") else task_definition.get("cpu")
+    memory = str(parse_memory(str(overrides["memory"]))) if overrides.get("memory") else task_definition.get("memory")
+    for key, value in (("cpu", cpu), ("memory", memory),
                        ("launchType", launch_type), ("startedBy", started_by), ("containerInstanceArn", container_instance_arn)):
         if value is not None:
             doc[key] = value

@@ -83,8 +83,9 @@ class Placer:
         fits, reason = [], None
         for row, doc, capacity in hosts:
             attributes = {a["name"] for a in doc.get("attributes", [])}
-            if not set(need.required_attributes) <= attributes:
-                reason = "MISSING ATTRIBUTE"
+            missing = sorted(set(need.required_attributes) - attributes)
+            if missing:
+                reason = f"MISSING ATTRIBUTE: {', '.join(missing)}"
                 continue
             view = _host_view(doc, capacity)
             if any(kind == "memberOf" and expr is not None and not expr.matches(view) for kind, expr in constraints):

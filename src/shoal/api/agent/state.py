@@ -63,6 +63,8 @@ def _ports(values, field: str) -> list[str]:
 
 def register(ctx: Context, body: dict, token: str) -> dict:
     """A host joins: create its container instance (REGISTERING) and its credential."""
+    if body.get("cluster") is not None and not isinstance(body["cluster"], str):
+        raise InvalidParameter("Invalid parameter 'cluster': expected a cluster name or ARN.")
     cluster = cluster_row(ctx, body.get("cluster"), lock="share")
     host_id = body.get("hostId")
     if not isinstance(host_id, str) or not HOST_ID_RE.match(host_id):
@@ -74,6 +76,8 @@ def register(ctx: Context, body: dict, token: str) -> dict:
             raise InvalidParameter(f"Invalid parameter 'capacityProvider': '{provider}' is not a capacity provider "
                                    f"of cluster '{cluster.name}'.")
     res = body.get("resources") or {}
+    if not isinstance(res, dict):
+        raise InvalidParameter("Invalid parameter 'resources': expected an object {cpu, memory, ports, udpPorts}.")
     registered = [
         {"name": "CPU", "type": "INTEGER", "integerValue": _int(res, "cpu", "resources.cpu")},
         {"name": "MEMORY", "type": "INTEGER", "integerValue": _int(res, "memory", "resources.memory")},
@@ -82,10 +86,14 @@ def register(ctx: Context, body: dict, token: str) -> dict:
          "stringSetValue": _ports(res.get("udpPorts", []), "resources.udpPorts")},
     ]
     gpus = body.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise InvalidParameter("Invalid parameter 'gpus': expected a list of GPUs.")
     for i, gpu in enumerate(gpus):
         if not isinstance(gpu, dict) or not isinstance(gpu.get("uuid"), str):
             raise InvalidParameter(f"Invalid parameter 'gpus[{i}].uuid': expected the GPU's UUID.")
         _int(gpu, "memoryMiB", f"gpus[{i}].memoryMiB")
+    if len({g["uuid"] for g in gpus}) != len(gpus):
+        raise InvalidParameter("Invalid parameter 'gpus': a GPU uuid is listed twice.")
     if gpus:
         registered.append({"name": "GPU", "type": "STRINGSET", "stringSetValue": [g["uuid"] for g in gpus]})
     attributes = [{"name": "ecs.os-type", "value": "linux"},
@@ -192,13 +200,29 @@ def _merge_container(current: dict, reported: dict) -> dict:
     return merged
 
 
+def _container_snapshots(containers) -> dict[str, dict]:
+    if not isinstance(containers, list):
+        raise InvalidParameter("Invalid parameter 'updates[].containers': expected a list of container snapshots.")
+    reported = {}
+    for c in containers:
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise InvalidParameter("Invalid parameter 'updates[].containers[].name': expected the container's name.")
+        if c.get("lastStatus") is not None and c["lastStatus"] not in CONTAINER_ORDER:
+            raise InvalidParameter(f"Invalid parameter 'updates[].containers[].lastStatus': unknown container "
+                                   f"status {c['lastStatus']!r}.")
+        reported[c["name"]] = c
+    return reported
+
+
 def apply_report(ctx: Context, host, update: dict) -> dict | None:
     """Apply one task snapshot from the host's agent; return the task's state after it.
 
     Snapshots arrive in the order the agent saw the transitions; each one that changes the task
     moves its version and writes one "ECS Task State Change" event."""
     arn = update.get("taskArn")
-    row = ctx.conn.execute(select(tasks).where(tasks.c.arn == str(arn)).with_for_update()).first()
+    if not isinstance(arn, str) or not arn:
+        raise InvalidParameter("Invalid parameter 'updates[].taskArn': required, the task's ARN.")
+    row = ctx.conn.execute(select(tasks).where(tasks.c.arn == arn).with_for_update()).first()
     if row is None or row.container_instance_arn != host.arn:
         raise _denied(f"Task '{arn}' is not on this host: a host's credential reaches its own tasks only.")
     doc = json.loads(row.doc)
@@ -210,7 +234,7 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
     before = json.dumps(doc, sort_keys=True)
     if TASK_ORDER.index(status) > TASK_ORDER.index(doc["lastStatus"]):
         doc["lastStatus"] = status
-    reported = {c.get("name"): c for c in update.get("containers", []) if isinstance(c, dict)}
+    reported = _container_snapshots(update.get("containers", []))
     doc["containers"] = [_merge_container(c, reported[c["name"]]) if c["name"] in reported else c
                          for c in doc["containers"]]
     for key in TASK_TIMES:
