@@ -167,7 +167,7 @@ class Agent:
                 continue
             runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue, self.launcher)
             self.runners[spec["taskArn"]] = runner
-            asyncio.get_running_loop().create_task(runner.run())
+            runner.task = asyncio.get_running_loop().create_task(runner.run())  # held: the loop keeps weak refs
 
     # -- reporting -------------------------------------------------------------------------
     def _enqueue(self, snapshot: dict) -> None:

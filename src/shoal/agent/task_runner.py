@@ -82,7 +82,9 @@ class TaskRunner:
             for d in spec["containerDefinitions"]}
         self._wake = asyncio.Event()
         self._fds: list[int] = []
+        self._background: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
         self.done = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task | None = None  # the agent's handle on run()
 
     # -- inputs --------------------------------------------------------------------------
     def set_desired(self, desired: str) -> None:
@@ -118,6 +120,11 @@ class TaskRunner:
         finally:
             if not self.done.done():
                 self.done.set_result(None)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _record_spec(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +191,7 @@ class TaskRunner:
                 return
             if deps == "ready":
                 c.launching = True
-                asyncio.get_running_loop().create_task(self._launch(c))
+                self._spawn(self._launch(c))
 
     async def _launch(self, c: Container) -> None:
         try:
@@ -224,7 +231,7 @@ class TaskRunner:
         try:
             fd = os.pidfd_open(pid)
         except (ProcessLookupError, OSError, TypeError):
-            loop.create_task(self._poll_exit(c))  # no pidfd here (or the shim is gone): fall back
+            self._spawn(self._poll_exit(c))  # no pidfd here (or the shim is gone): fall back
             return
         self._fds.append(fd)
 

@@ -214,6 +214,12 @@ def _container_snapshots(containers) -> dict[str, dict]:
     return reported
 
 
+def _state(doc: dict) -> str:
+    """The task document without its health: what a task state change is made of."""
+    return json.dumps({**doc, "healthStatus": None,
+                       "containers": [{**c, "healthStatus": None} for c in doc["containers"]]}, sort_keys=True)
+
+
 def apply_report(ctx: Context, host, update: dict) -> dict | None:
     """Apply one task snapshot from the host's agent; return the task's state after it.
 
@@ -231,7 +237,7 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
     status = update.get("lastStatus", doc["lastStatus"])
     if status not in TASK_ORDER:
         raise InvalidParameter(f"Invalid parameter 'updates[].lastStatus': unknown task status {status!r}.")
-    before = json.dumps(doc, sort_keys=True)
+    before, state_before = json.dumps(doc, sort_keys=True), _state(doc)
     if TASK_ORDER.index(status) > TASK_ORDER.index(doc["lastStatus"]):
         doc["lastStatus"] = status
     reported = _container_snapshots(update.get("containers", []))
@@ -247,16 +253,11 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
     if doc["desiredStatus"] == "STOPPED" and "stopCode" not in doc and update.get("stopCode"):
         doc["stopCode"] = update["stopCode"]  # a stop the user asked for keeps UserInitiated
         doc["stoppedReason"] = str(update.get("stoppedReason") or "")[:1024]
-    health_only = json.dumps({**doc, "healthStatus": None, "containers": [
-        {**c, "healthStatus": None} for c in doc["containers"]]}, sort_keys=True)
     if update.get("healthStatus") in ("HEALTHY", "UNHEALTHY", "UNKNOWN"):
         doc["healthStatus"] = update["healthStatus"]
-    after = json.dumps(doc, sort_keys=True)
-    if after != before:
-        # Health alone is not a state change (task events carry no health): no new version.
-        old = json.loads(before)
-        state_changed = health_only != json.dumps({**old, "healthStatus": None, "containers": [
-            {**c, "healthStatus": None} for c in old["containers"]]}, sort_keys=True)
+    if json.dumps(doc, sort_keys=True) != before:
+        # Health alone is not a state change (task events carry no health): no new version, no event.
+        state_changed = _state(doc) != state_before
         if state_changed:
             doc["version"] += 1
         update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],
