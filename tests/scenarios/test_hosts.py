@@ -1,6 +1,7 @@
 """Stories about hosts: managed capacity that launches a simulated GPU host for waiting tasks and
 retires it when idle; two hosts, one drained and then deregistered."""
 
+import json
 import os
 import subprocess
 import sys
@@ -113,10 +114,12 @@ def test_draining_one_of_two_hosts(server, tmp_path):
     wait_for(lambda: all(task(ecs, t["taskArn"])["lastStatus"] == "RUNNING" for t in first), timeout=15,
              message="both tasks RUNNING")
 
-    drained = arns[0]
+    # Drain the first agent's host (the two registered in either order).
+    drained = json.loads((tmp_path / "host1" / "agent.json").read_text())["containerInstanceArn"]
+    other = next(arn for arn in arns if arn != drained)
     ecs.update_container_instances_state(cluster="gpu", containerInstances=[drained], status="DRAINING")
     later = ecs.run_task(cluster="gpu", taskDefinition="sleep", count=3)["tasks"]
-    assert {t["containerInstanceArn"] for t in later} == {arns[1]}, "nothing new lands on a DRAINING host"
+    assert {t["containerInstanceArn"] for t in later} == {other}, "nothing new lands on a DRAINING host"
     on_drained = [t for t in first if t["containerInstanceArn"] == drained][0]
     time.sleep(1)
     still = task(ecs, on_drained["taskArn"])
