@@ -25,10 +25,11 @@ caller owns retries (RetryPolicy), backoff and dead-lettering.
       X-Shoal-Event-Id:  the event id (receivers deduplicate on it: delivery is at-least-once)
       X-Shoal-Timestamp: Unix seconds when the request was signed
       X-Shoal-Signature: sha256=<hex HMAC-SHA256(secret, f"{timestamp}.".encode() + body)>
-  Receivers check it with `verify_signature`, which also rejects timestamps older than five
-  minutes, so a captured request cannot be replayed later. 2xx is success. 408, 429, 5xx,
-  timeouts and connection errors are retryable (429/503 `Retry-After` is passed on); any other
-  status (3xx, 4xx) is not: repeating the same request will not change the answer.
+  Receivers check it with `verify_signature`, which also rejects timestamps more than five
+  minutes from their clock, so a captured request cannot be replayed later. 2xx is success.
+  408, 429, 5xx, timeouts and connection errors are retryable (a `Retry-After` in seconds comes
+  back as `DeliveryError.retry_after`); any other status (3xx, 4xx) is not: repeating the same
+  request will not change the answer. Redirects are followed only if the caller's client does.
 * command: the executable runs with the payload on stdin, cwd `/`, a new session (its own
   process group), and an environment of only the allow-listed variables plus `SHOAL_EVENT_ID`,
   so the server's credentials never leak into hooks. On timeout the whole process group is
@@ -36,8 +37,9 @@ caller owns retries (RetryPolicy), backoff and dead-lettering.
   executable that is missing, not executable or not a valid program is not retryable.
 * file: one line per delivery, appended with O_APPEND in a single write and fsynced before
   success is reported. A payload that is JSON is minified onto one line; anything else is
-  written as a JSON string. A missing directory is not created (it is a configuration error and
-  not retryable); a full disk is retryable.
+  written as a JSON string. A new file is created with mode 0600 (events can carry task
+  overrides). A missing directory is not created (it is a configuration error and not
+  retryable); a full disk is retryable.
 * queue: `await queue_put(name, payload, event_id)`, a durable store the caller provides.
 """
 
@@ -62,7 +64,8 @@ MAX_ARN_LEN = 1600  # botocore events model: TargetArn max 1600
 STDERR_TAIL = 2048
 SIGNATURE_MAX_AGE_S = 300.0
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_\-]{1,80}")
-_SCHEMES = "webhook+https://…, webhook+http://…, command:/abs/path, file:/abs/path, queue:<name>"
+_SCHEMES = ("webhook+https://…, webhook+http://…, command:/abs/path, file:/abs/path, "
+            "queue:<name>")
 
 TargetKind = Literal["webhook", "command", "file", "queue"]
 QueuePut = Callable[[str, bytes, str], Awaitable[None]]
@@ -78,7 +81,9 @@ class TargetSpec:
 
     @property
     def arn(self) -> str:
-        return f"webhook+{self.address}" if self.kind == "webhook" else f"{self.kind}:{self.address}"
+        if self.kind == "webhook":
+            return f"webhook+{self.address}"
+        return f"{self.kind}:{self.address}"
 
     def __str__(self) -> str:
         return self.arn
@@ -115,7 +120,7 @@ def parse_target(arn: str) -> TargetSpec:
     if arn.startswith("arn:"):
         raise ValueError(f"{_short(arn)} is an AWS-style ARN; shoal delivers to {_SCHEMES}")
     if arn.startswith(("http://", "https://")):
-        raise ValueError(f"{_short(arn)}: write a webhook target as webhook+{_short(arn)}")
+        raise ValueError(f"{_short(arn)}: write a webhook target as webhook+{arn[:80]}")
     raise ValueError(f"unknown target kind in {_short(arn)}; use one of {_SCHEMES}")
 
 
@@ -229,6 +234,8 @@ async def _post(url: str, payload: bytes, *, event_id: str, secret: bytes, timeo
         raise DeliveryError(f"POST {url}: timed out after {timeout:g}s", retryable=True) from None
     except httpx.TransportError as e:  # connection refused or reset, DNS, TLS
         raise DeliveryError(f"POST {url}: {type(e).__name__}: {e}", retryable=True) from None
+    except httpx.HTTPError as e:  # too many redirects, an invalid URL: the same next time
+        raise DeliveryError(f"POST {url}: {type(e).__name__}: {e}", retryable=False) from None
     status = response.status_code
     if 200 <= status < 300:
         return
@@ -246,26 +253,35 @@ def _retry_after(value: str | None) -> float | None:
         seconds = float(value.strip())
     except ValueError:
         return None
-    return seconds if seconds >= 0 else None
+    return seconds if 0 <= seconds < float("inf") else None
 
 
 async def _run(path: str, payload: bytes, *, event_id: str, timeout: float,
                env_allow: tuple[str, ...]) -> None:
     env = {k: os.environ[k] for k in env_allow if k in os.environ}
     env["SHOAL_EVENT_ID"] = event_id
+    # stderr goes through a pipe of our own: asyncio's Process.wait() (3.11) also waits for the
+    # pipes it manages to close, and a background child of the command may hold stderr open.
+    err_r, err_w = os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
             path, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=env, cwd="/", start_new_session=True,
-            close_fds=True)
-    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as e:
-        raise DeliveryError(f"command {path}: cannot run: {e.strerror or e}",
-                            retryable=False) from None
+            stderr=err_w, env=env, cwd="/", start_new_session=True, close_fds=True)
     except OSError as e:
-        retryable = e.errno != errno.ENOEXEC  # not a program; anything else (EAGAIN...) passes
+        os.close(err_r)
+        # Not there, not executable, not a program: trying again will not help. Anything else
+        # (EAGAIN, ENOMEM...) might pass.
+        permanent = isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                   NotADirectoryError)) or e.errno == errno.ENOEXEC
         raise DeliveryError(f"command {path}: cannot run: {e.strerror or e}",
-                            retryable=retryable) from None
+                            retryable=not permanent) from None
+    finally:
+        os.close(err_w)
 
+    loop = asyncio.get_running_loop()
+    stderr = asyncio.StreamReader()
+    err_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(stderr), os.fdopen(err_r, "rb", buffering=0))
     tail = bytearray()
 
     async def feed() -> None:
@@ -278,31 +294,33 @@ async def _run(path: str, payload: bytes, *, event_id: str, timeout: float,
             proc.stdin.close()
 
     async def drain_stderr() -> None:
-        while chunk := await proc.stderr.read(65536):
+        while chunk := await stderr.read(65536):
             tail.extend(chunk)
             del tail[:-STDERR_TAIL]
 
     reader = asyncio.create_task(drain_stderr())
     try:
-        async with asyncio.timeout(timeout):
-            await feed()
+        try:
+            async with asyncio.timeout(timeout):
+                await feed()
+                await proc.wait()
+        except TimeoutError:
+            _kill_group(proc.pid)
             await proc.wait()
-    except TimeoutError:
-        _kill_group(proc.pid)
-        await proc.wait()
+            raise DeliveryError(f"command {path}: killed after {timeout:g}s timeout"
+                                f"{_stderr_suffix(tail)}", retryable=True) from None
+        except BaseException:
+            _kill_group(proc.pid)  # cancelled by the caller: leave nothing behind
+            raise
+        # A background child may still hold stderr open: wait briefly for EOF, then stop.
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), timeout=1.0)
+        except TimeoutError:
+            pass
+    finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
-        raise DeliveryError(f"command {path}: killed after {timeout:g}s timeout"
-                            f"{_stderr_suffix(tail)}", retryable=True) from None
-    except BaseException:
-        _kill_group(proc.pid)  # cancelled by the caller: leave nothing behind
-        reader.cancel()
-        raise
-    # A background child may still hold stderr open: wait briefly for EOF, then stop reading.
-    try:
-        await asyncio.wait_for(reader, timeout=1.0)
-    except TimeoutError:
-        pass
+        err_transport.close()
     if proc.returncode != 0:
         how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
                else f"exited with status {proc.returncode}")
@@ -342,7 +360,7 @@ _PERMANENT_FILE_ERRORS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCE
 def _append(path: str, payload: bytes) -> None:
     line = json_line(payload)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise DeliveryError(f"file {path}: {e.strerror}",
                             retryable=e.errno not in _PERMANENT_FILE_ERRORS) from None

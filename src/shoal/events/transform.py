@@ -2,7 +2,8 @@
 
 `render(event, target)` turns a matched event into the bytes a target receives, with the
 semantics of Amazon EventBridge (eb-transform-target-input, the PutTargets API reference, and
-the AWS-recorded LocalStack snapshots in `tests/aws/services/events/test_events_inputs.py`):
+the AWS-recorded results in LocalStack's
+`tests/aws/services/events/test_events_inputs.snapshot.json`):
 
 * none of the three: the whole event, as minified JSON;
 * `Input`: the constant text, byte for byte;
