@@ -19,6 +19,7 @@ class Settings:
     auth: bool = True
     credentials: dict[str, str] = field(default_factory=dict)  # access key id -> secret
     join_token: str = ""  # what an agent shows to register its host (then it gets its own credential)
+    webhook_secret: str = ""  # signs webhook deliveries (X-Shoal-Signature); <data-dir>/webhook-secret
 
     @property
     def database_url(self) -> str:
@@ -55,12 +56,13 @@ def load_or_create_credentials(data_dir: Path) -> tuple[str, str]:
     return load_credentials(data_dir)
 
 
-def load_or_create_join_token(data_dir: Path) -> str:
-    """The cluster-joining secret, kept in `<data-dir>/join-token` (mode 0600) across restarts."""
-    path = data_dir / "join-token"
+def load_or_create_secret(data_dir: Path, name: str) -> str:
+    """A secret kept in `<data-dir>/<name>` (mode 0600) across restarts: the join token agents
+    register with, the key that signs webhook deliveries."""
+    path = data_dir / name
     if not path.exists():
         data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = data_dir / f"join-token.{os.getpid()}.tmp"
+        tmp = data_dir / f"{name}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24))
@@ -71,3 +73,7 @@ def load_or_create_join_token(data_dir: Path) -> str:
         finally:
             tmp.unlink()
     return path.read_text().strip()
+
+
+def load_or_create_join_token(data_dir: Path) -> str:
+    return load_or_create_secret(data_dir, "join-token")

@@ -9,12 +9,15 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from shoal.api.agent.routes import AgentProtocol
-from shoal.api.ecs import register_all
-from shoal.api.operations import ecs
+from shoal.api.ecs import register_all as register_ecs
+from shoal.api.eventbridge import register_all as register_eventbridge
+from shoal.api.operations import ecs, eventbridge
 from shoal.api.protocol.awsjson import AwsJsonEndpoint
+from shoal.api.queues import queue_routes
 from shoal.api.rest import events_endpoint, healthz
 from shoal.config import Settings
 from shoal.control.hub import Hub
+from shoal.events.dispatcher import Dispatcher
 from shoal.domain.arns import ArnFactory
 from shoal.store.db import Store
 
@@ -22,26 +25,31 @@ from shoal.store.db import Store
 def create_app(settings: Settings, store: Store | None = None, capacity=None):
     store = store or Store(settings.database_url)
     store.migrate()
-    register_all()
+    register_ecs()
+    register_eventbridge()
     arns = ArnFactory(settings.region, settings.account)
-    hub = Hub(store, arns, capacity=capacity)
-    aws = AwsJsonEndpoint(store, [ecs], arns=arns, credentials=settings.credentials if settings.auth else None,
+    dispatcher = Dispatcher(store, settings.webhook_secret.encode())
+    hub = Hub(store, arns, capacity=capacity, dispatcher=dispatcher)
+    aws = AwsJsonEndpoint(store, [ecs, eventbridge], arns=arns, credentials=settings.credentials if settings.auth else None,
                           committed=hub.committed)
     agents = AgentProtocol(store, arns, settings.join_token, hub)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        control = asyncio.create_task(hub.run())
+        loops = [asyncio.create_task(hub.run()), asyncio.create_task(dispatcher.run())]
         yield
-        control.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await control
+        for loop in loops:
+            loop.cancel()
+        for loop in loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
         store.close()
 
     app = Starlette(
         routes=[
             *agents.routes(),
             Route("/v1/events", events_endpoint(store, aws.authenticate), methods=["GET"]),
+            *queue_routes(store, aws.authenticate),
             Route("/healthz", healthz, methods=["GET"]),
         ],
         lifespan=lifespan,

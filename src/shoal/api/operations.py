@@ -27,10 +27,14 @@ class Context:
     # (their long-polls wake after the commit), clusters with capacity to place waiting tasks on.
     touched_hosts: set[str] = field(default_factory=set)
     dirty_clusters: set[str] = field(default_factory=set)
+    emitted: int = 0  # events written: the rule router has work
+    rules_changed: bool = False  # the router must reload its rule index
 
-    def emit(self, detail_type: str, resources: list[str], detail: dict) -> dict:
+    def emit(self, detail_type: str, resources: list[str], detail: dict, **envelope) -> dict:
+        """Append an event (source shoal.ecs unless `source=` says otherwise) in this transaction."""
+        self.emitted += 1
         return outbox.append(self.conn, detail_type, resources, detail,
-                             region=self.arns.region, account=self.arns.account, now=self.now)
+                             region=self.arns.region, account=self.arns.account, now=self.now, **envelope)
 
 
 Handler = Callable[[Context, dict], dict]
@@ -44,9 +48,10 @@ class Operation:
 
 
 class Registry:
-    def __init__(self, target_prefix: str, service: str):
+    def __init__(self, target_prefix: str, service: str, invalid_input: str):
         self.target_prefix = target_prefix
         self.service = service
+        self.invalid_input = invalid_input  # the error code of a request the model rejects
         self.operations: dict[str, Operation] = {}
 
     def op(self, name: str, *, write: bool = True) -> Callable[[Handler], Handler]:
@@ -57,7 +62,8 @@ class Registry:
         return register
 
 
-ecs = Registry("AmazonEC2ContainerServiceV20141113", "ecs")
+ecs = Registry("AmazonEC2ContainerServiceV20141113", "ecs", "InvalidParameterException")
+eventbridge = Registry("AWSEvents", "events", "ValidationException")
 
 
 def dumps(doc: object) -> str:

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 import uvicorn
 
-from shoal.config import Settings, load_or_create_credentials, load_or_create_join_token
+from shoal.config import Settings, load_or_create_credentials, load_or_create_join_token, load_or_create_secret
 
 DEFAULT_PORT = 8642
 
@@ -91,7 +91,8 @@ def server(
     key_id, secret = load_or_create_credentials(data_dir)
     settings = Settings(data_dir=data_dir, db_url=db, region=region, account=account,
                         auth=not insecure_no_auth, credentials={key_id: secret},
-                        join_token=join_token or load_or_create_join_token(data_dir))
+                        join_token=join_token or load_or_create_join_token(data_dir),
+                        webhook_secret=load_or_create_secret(data_dir, "webhook-secret"))
     capacity = capacity_controller(settings, provisioner, provisioner_launch, provisioner_terminate,
                                    provisioner_list, scale_in_after)
     capacity.server_url = advertise_url

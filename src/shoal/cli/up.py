@@ -22,7 +22,7 @@ from typing import Annotated, Optional
 import typer
 
 from shoal.cli.server import DEFAULT_PORT, _serve, capacity_controller
-from shoal.config import Settings, load_or_create_credentials, load_or_create_join_token
+from shoal.config import Settings, load_or_create_credentials, load_or_create_join_token, load_or_create_secret
 
 CLUSTER, LOCAL_PROVIDER = "default", "local"
 READY_TIMEOUT = 120.0
@@ -153,7 +153,8 @@ def up(
     data_dir = data_dir.resolve()
     key_id, secret = load_or_create_credentials(data_dir)
     settings = Settings(data_dir=data_dir, credentials={key_id: secret},
-                        join_token=load_or_create_join_token(data_dir))
+                        join_token=load_or_create_join_token(data_dir),
+                        webhook_secret=load_or_create_secret(data_dir, "webhook-secret"))
     capacity = capacity_controller(settings, "local", None, None, None, scale_in_after=300.0)
     agent: list[subprocess.Popen] = []
 

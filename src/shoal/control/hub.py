@@ -1,5 +1,5 @@
 """The control loop of one server: after every commit, wake the agents and the placement of the
-clusters it concerns; on a slow tick, catch what no commit announced (a lost agent, capacity to
+clusters it concerns, and the event rules' dispatcher when events were written; on a slow tick, catch what no commit announced (a lost agent, capacity to
 scale, tasks that another server left waiting).
 
 Reconcilers follow the controller pattern: observe, diff, act, each step idempotent, so running
@@ -28,8 +28,8 @@ AGENT_TIMEOUT = 30.0  # an agent long-polls every 20 s at most: silence past thi
 
 
 class Hub:
-    def __init__(self, store, arns, *, capacity=None):
-        self.store, self.arns, self.capacity = store, arns, capacity
+    def __init__(self, store, arns, *, capacity=None, dispatcher=None):
+        self.store, self.arns, self.capacity, self.dispatcher = store, arns, capacity, dispatcher
         self.signals = HostSignals()
         self.last_seen: dict[str, float] = {}
         self._dirty: set[str] = set()
@@ -40,6 +40,8 @@ class Hub:
         """Called on the event loop after a unit of work committed."""
         if ctx.touched_hosts:
             self.signals.bump(ctx.touched_hosts)
+        if self.dispatcher is not None and (ctx.emitted or ctx.rules_changed):
+            self.dispatcher.wake(rules_changed=ctx.rules_changed)
         if ctx.dirty_clusters:
             self._dirty |= ctx.dirty_clusters
             if self._wake is not None:

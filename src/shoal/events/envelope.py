@@ -16,15 +16,16 @@ def iso(epoch: float) -> str:
 
 
 def envelope(
-    detail_type: str, resources: list[str], detail: dict, *, region: str, account: str, now: float
+    detail_type: str, resources: list[str], detail: dict, *, region: str, account: str, now: float,
+    source: str = SOURCE, time: str | None = None,
 ) -> dict:
     return {
         "version": "0",
         "id": str(uuid.uuid4()),
         "detail-type": detail_type,
-        "source": SOURCE,
+        "source": source,
         "account": account,
-        "time": iso(now).split(".")[0] + "Z",
+        "time": time or iso(now).split(".")[0] + "Z",
         "region": region,
         "resources": resources,
         "detail": detail,

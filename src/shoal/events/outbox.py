@@ -26,8 +26,8 @@ _INSERT = Prepared(insert(events))  # every state change writes one: see shoal.s
 
 
 def append(conn: Connection, detail_type: str, resources: list[str], detail: dict, *,
-           region: str, account: str, now: float) -> dict:
-    env = envelope(detail_type, resources, detail, region=region, account=account, now=now)
+           region: str, account: str, now: float, **fields) -> dict:
+    env = envelope(detail_type, resources, detail, region=region, account=account, now=now, **fields)
     _INSERT.run(conn, {"event_id": env["id"], "detail_type": detail_type, "time": env["time"],
                            "envelope": json.dumps(env, separators=(",", ":"))})
     return env
@@ -50,6 +50,21 @@ def cursor_of_event(conn: Connection, event_id: str) -> str:
     return f"{row.txid}.{row.seq}"
 
 
+def _horizon(conn: Connection) -> int:
+    """The oldest transaction still in flight (PostgreSQL): rows below it can no longer appear."""
+    return conn.execute(text("SELECT (pg_snapshot_xmin(pg_current_snapshot())::text)::bigint")).scalar_one()
+
+
+def end_cursor(conn: Connection) -> str:
+    """A cursor after every event that is already settled: a reader starting there misses nothing
+    committed later."""
+    stmt = select(events.c.txid, events.c.seq)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.where(events.c.txid < _horizon(conn))
+    row = conn.execute(stmt.order_by(events.c.txid.desc(), events.c.seq.desc()).limit(1)).first()
+    return f"{row.txid}.{row.seq}" if row else "0.0"
+
+
 def read(conn: Connection, after: str | None, limit: int) -> tuple[list[dict], str]:
     """Events after the cursor, oldest first, and the cursor to resume from."""
     txid, seq = parse_cursor(after)
@@ -57,10 +72,7 @@ def read(conn: Connection, after: str | None, limit: int) -> tuple[list[dict], s
         or_(events.c.txid > txid, and_(events.c.txid == txid, events.c.seq > seq))
     )
     if conn.dialect.name == "postgresql":
-        horizon = conn.execute(
-            text("SELECT (pg_snapshot_xmin(pg_current_snapshot())::text)::bigint")
-        ).scalar_one()
-        stmt = stmt.where(events.c.txid < horizon)
+        stmt = stmt.where(events.c.txid < _horizon(conn))
     rows = conn.execute(stmt.order_by(events.c.txid, events.c.seq).limit(limit)).all()
     next_cursor = f"{rows[-1].txid}.{rows[-1].seq}" if rows else f"{txid}.{seq}"
     return [json.loads(r.envelope) for r in rows], next_cursor

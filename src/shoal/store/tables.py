@@ -133,3 +133,69 @@ idempotency = Table(
     Column("response", Text, nullable=False),
     Column("created_at", Float, nullable=False),
 )
+
+# EventBridge rules (event bus "default" only). `pattern` is the rule's EventPattern as given.
+event_rules = Table(
+    "event_rules",
+    metadata,
+    Column("bus", String(255), primary_key=True),
+    Column("name", String(64), primary_key=True),
+    Column("arn", String(512), nullable=False, unique=True),
+    Column("state", String(64), nullable=False),
+    Column("pattern", Text),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),  # the DescribeRule shape
+)
+
+event_targets = Table(
+    "event_targets",
+    metadata,
+    Column("rule_arn", String(512), primary_key=True),
+    Column("target_id", String(64), primary_key=True),
+    Column("doc", Text, nullable=False),  # the Target shape, as PutTargets gave it
+)
+
+# What the router decided must reach a target, until it has (at least once). One row per
+# (event, rule, target); `order_key` (the event's first resource, else its source) keeps each
+# target's events about one resource in order: only the oldest pending row per key is sent.
+event_deliveries = Table(
+    "event_deliveries",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("event_id", String(64), nullable=False),
+    Column("rule_arn", String(512), nullable=False),
+    Column("target_id", String(64), nullable=False),
+    Column("order_key", String(512), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_attempt_at", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("last_error", Text),
+    UniqueConstraint("event_id", "rule_arn", "target_id", name="uq_event_deliveries"),
+    Index("ix_event_deliveries_due", "next_attempt_at"),
+    Index("ix_event_deliveries_order", "rule_arn", "target_id", "order_key", "id"),
+)
+
+# Where the router has read the outbox up to (one row per router, name "rules").
+event_cursors = Table(
+    "event_cursors",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("cursor", String(64), nullable=False),
+)
+
+# Durable named queues: a `queue:` target, and dead-letter queues. A message is invisible until
+# `visible_at` after it has been received, and is gone once acknowledged.
+queue_messages = Table(
+    "queue_messages",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("queue", String(80), nullable=False),
+    Column("event_id", String(64), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("attributes", Text, nullable=False, server_default="{}"),
+    Column("created_at", Float, nullable=False),
+    Column("visible_at", Float, nullable=False),
+    Column("receipt", String(64)),
+    Column("receive_count", Integer, nullable=False, server_default="0"),
+    Index("ix_queue_messages_queue", "queue", "visible_at", "id"),
+)

@@ -91,7 +91,10 @@ class AwsJsonEndpoint:
             params = _without_nulls(json.loads(body)) if body.strip() else {}
         except (ValueError, RecursionError):
             raise ApiError("The request body is not valid JSON.", "SerializationException") from None
-        validate(service_model(registry.service).operation_model(name), params)
+        try:
+            validate(service_model(registry.service).operation_model(name), params)
+        except ApiError as err:  # each service names a rejected request its own way
+            raise ApiError(err.message, registry.invalid_input) from None
 
         def unit_of_work(conn):
             ctx = Context(conn, self.arns)

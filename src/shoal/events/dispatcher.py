@@ -1,0 +1,250 @@
+"""Rule delivery: route events from the outbox to their rules' targets, at least once.
+
+Two steps, each a unit of work in the store, so that a crash anywhere loses nothing:
+
+1. **Route.** Read the outbox after the router's cursor, match each event against the rule
+   index (shoal.events.patterns.RuleIndex), write one delivery row per (event, rule, target),
+   and move the cursor, all in one transaction. A kill -9 before the commit routes the same
+   events again; after it, the rows are there.
+2. **Deliver.** Take the deliveries that are due, claim each (its `next_attempt_at` moves to a
+   lease, so a second server does not send it at the same time), send it, and delete it once the
+   target has taken it. A failure is retried with exponential backoff and jitter until the
+   target's RetryPolicy runs out (attempts or event age); then the event goes to the target's
+   dead-letter queue, if it has one.
+
+Order: for one target, events about one resource (the event's first resource, else its source)
+are sent one at a time, oldest first; a failing event holds back only later events about the
+same resource, for as long as its retries last.
+
+The router starts at the end of the outbox the first time it runs: rules see events from then
+on, not the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+from sqlalchemy import and_, delete, exists, insert, select, update
+
+from shoal.events import outbox
+from shoal.events.patterns import RuleIndex, compile_pattern
+from shoal.events.targets import DeliveryError, deliver, parse_target
+from shoal.events.transform import render, retry_limits
+from shoal.store.tables import event_cursors, event_deliveries as deliveries, event_rules, event_targets, events
+from shoal.store.tables import queue_messages
+
+log = logging.getLogger(__name__)
+ROUTER = "rules"
+ROUTE_BATCH = 500
+DELIVER_BATCH = 200
+CONCURRENCY = 32
+TIMEOUT = 10.0  # per delivery attempt
+LEASE = TIMEOUT + 5  # seconds a claimed delivery is left alone (after a crash, it is sent again then)
+BACKOFF_BASE, BACKOFF_MAX = 0.5, 60.0
+IDLE_WAIT = 1.0
+
+
+@dataclass(frozen=True)
+class Rule:
+    arn: str
+    name: str
+    targets: tuple[dict, ...]
+
+
+def backoff(attempts: int) -> float:
+    """Exponential with jitter: after n failures, between half and all of base × 2^(n-1)."""
+    ceiling = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(attempts - 1, 0))
+    return ceiling / 2 + random.random() * ceiling / 2
+
+
+def order_key(event: dict) -> str:
+    resources = event.get("resources") or []
+    return str(resources[0] if resources else event.get("source", ""))[:512]
+
+
+def queue_put(conn, queue: str, body: str, event_id: str, attributes: dict | None = None) -> None:
+    now = time.time()
+    conn.execute(insert(queue_messages).values(queue=queue, event_id=event_id, body=body,
+                                               attributes=json.dumps(attributes or {}), created_at=now,
+                                               visible_at=now))
+
+
+class Dispatcher:
+    def __init__(self, store, secret: bytes):
+        self.store, self.secret = store, secret
+        self.index = RuleIndex()
+        self.rules: dict[str, Rule] = {}
+        self._reload = True
+        self._wake = asyncio.Event()
+        self._in_flight: set[int] = set()
+
+    def wake(self, *, rules_changed: bool = False) -> None:
+        self._reload |= rules_changed
+        self._wake.set()
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient() as http:
+            self.http = http
+            while True:
+                try:
+                    if self._reload:
+                        self._reload = False
+                        await self._load()
+                    while await self.store.write(self._route) == ROUTE_BATCH:
+                        pass
+                    wait = await self._deliver_due()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("event delivery step failed; retrying")
+                    wait = IDLE_WAIT
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+
+    # -- rules ---------------------------------------------------------------------------
+    async def _load(self) -> None:
+        def read(conn):
+            rules = conn.execute(select(event_rules.c.arn, event_rules.c.name, event_rules.c.pattern)
+                                 .where(event_rules.c.state == "ENABLED")).all()
+            targets: dict[str, list[dict]] = {}
+            for arn, doc in conn.execute(select(event_targets.c.rule_arn, event_targets.c.doc)):
+                targets.setdefault(arn, []).append(json.loads(doc))
+            return rules, targets
+
+        rows, targets = await self.store.read(read)
+        index, rules = RuleIndex(), {}
+        for arn, name, pattern in rows:
+            index.add(arn, compile_pattern(pattern))
+            rules[arn] = Rule(arn, name, tuple(targets.get(arn, ())))
+        self.index, self.rules = index, rules  # swapped whole: the router may be reading the old ones
+
+    # -- step 1: route -------------------------------------------------------------------
+    def _route(self, conn) -> int:
+        """Runs in the store's writer: route one batch; return how many events it read."""
+        index, rules = self.index, self.rules
+        row = conn.execute(select(event_cursors.c.cursor).where(event_cursors.c.name == ROUTER)
+                           .with_for_update()).first()
+        if row is None:  # first run: start from the end of the outbox
+            conn.execute(insert(event_cursors).values(name=ROUTER, cursor=outbox.end_cursor(conn)))
+            return 0
+        batch, cursor = outbox.read(conn, row.cursor, ROUTE_BATCH)
+        if not batch:
+            return 0
+        now = time.time()
+        for event in batch:
+            for arn in index.match(event):
+                rule = rules.get(arn)
+                for target in rule.targets if rule else ():
+                    conn.execute(insert(deliveries).values(
+                        event_id=event["id"], rule_arn=arn, target_id=target["Id"], order_key=order_key(event),
+                        attempts=0, next_attempt_at=now, created_at=now))
+        conn.execute(update(event_cursors).where(event_cursors.c.name == ROUTER).values(cursor=cursor))
+        return len(batch)
+
+    # -- step 2: deliver -----------------------------------------------------------------
+    async def _deliver_due(self) -> float:
+        """Send what is due; return how long to sleep before the next delivery falls due."""
+        now = time.time()
+        due = await self.store.read(lambda conn: _due(conn, now))
+        claimed = await self.store.write(lambda conn: _claim(conn, [(r.id, r.next_attempt_at) for r in due
+                                                                    if r.id not in self._in_flight], now))
+        rows = [r for r in due if r.id in claimed]
+        if rows:
+            limit = asyncio.Semaphore(CONCURRENCY)
+
+            async def one(row):
+                async with limit:
+                    await self._deliver(row)
+
+            self._in_flight.update(r.id for r in rows)
+            try:
+                await asyncio.gather(*(one(r) for r in rows))
+            finally:
+                self._in_flight.difference_update(r.id for r in rows)
+            return 0.0  # more may have become due meanwhile
+        following = await self.store.read(_next_due)
+        return IDLE_WAIT if following is None else max(0.0, min(IDLE_WAIT, following - time.time()))
+
+    async def _deliver(self, row) -> None:
+        rule = self.rules.get(row.rule_arn)
+        target = next((t for t in rule.targets if t["Id"] == row.target_id), None) if rule else None
+        if target is None:  # the rule or target was removed since: nothing to deliver to
+            await self.store.write(lambda conn: conn.execute(delete(deliveries).where(deliveries.c.id == row.id)))
+            return
+        event = json.loads(row.envelope)
+        try:
+            payload = render(event, target, rule_name=rule.name, rule_arn=rule.arn)
+            await deliver(parse_target(target["Arn"]), payload, event_id=event["id"], secret=self.secret,
+                          timeout=TIMEOUT, http=self.http, queue_put=self._queue_put)
+        except DeliveryError as err:
+            await self._failed(row, target, event, str(err), err.retryable)
+            return
+        except Exception as err:  # a bug or a bad target must not stop the loop
+            log.exception("delivering %s to %s failed", event["id"], target["Arn"])
+            await self._failed(row, target, event, f"{type(err).__name__}: {err}", False)
+            return
+        await self.store.write(lambda conn: conn.execute(delete(deliveries).where(deliveries.c.id == row.id)))
+
+    async def _failed(self, row, target: dict, event: dict, error: str, retryable: bool) -> None:
+        attempts, max_age = retry_limits(target)
+        tries = row.attempts + 1
+        now = time.time()
+        if retryable and tries <= attempts and now - row.created_at < max_age:
+            when = now + backoff(tries)
+            await self.store.write(lambda conn: conn.execute(update(deliveries).where(deliveries.c.id == row.id)
+                                                             .values(attempts=tries, next_attempt_at=when,
+                                                                     last_error=error[:2000])))
+            return
+        dlq = (target.get("DeadLetterConfig") or {}).get("Arn")
+        log.warning("event %s to %s given up after %d attempt(s): %s%s", event["id"], target["Arn"], tries, error,
+                    f"; sent to {dlq}" if dlq else "; no dead-letter queue: dropped")
+
+        def dead_letter(conn):
+            if dlq:
+                spec = parse_target(dlq)
+                queue_put(conn, spec.address, json.dumps(event, separators=(",", ":")), event["id"], {
+                    "ERROR_CODE": "RETRIES_EXHAUSTED" if retryable else "DELIVERY_FAILED",
+                    "ERROR_MESSAGE": error[:2000], "RULE_ARN": row.rule_arn, "TARGET_ARN": target["Arn"],
+                    "ATTEMPTS": tries})
+            conn.execute(delete(deliveries).where(deliveries.c.id == row.id))
+
+        await self.store.write(dead_letter)
+
+    async def _queue_put(self, queue: str, payload: bytes, event_id: str) -> None:
+        await self.store.write(lambda conn: queue_put(conn, queue, payload.decode(), event_id))
+
+
+def _due(conn, now: float) -> list:
+    """Due deliveries that are the oldest of their (rule, target, resource): the heads of line."""
+    earlier = deliveries.alias("earlier")
+    head = ~exists().where(and_(earlier.c.rule_arn == deliveries.c.rule_arn,
+                                earlier.c.target_id == deliveries.c.target_id,
+                                earlier.c.order_key == deliveries.c.order_key, earlier.c.id < deliveries.c.id))
+    return conn.execute(select(deliveries, events.c.envelope)
+                        .join(events, events.c.event_id == deliveries.c.event_id)
+                        .where(deliveries.c.next_attempt_at <= now, head)
+                        .order_by(deliveries.c.id).limit(DELIVER_BATCH)).all()
+
+
+def _claim(conn, seen: list[tuple[int, float]], now: float) -> set[int]:
+    """Move each delivery's next attempt to a lease, if nobody else did first; return those won."""
+    won = set()
+    for delivery_id, at in seen:
+        if conn.execute(update(deliveries).where(deliveries.c.id == delivery_id, deliveries.c.next_attempt_at == at)
+                        .values(next_attempt_at=now + LEASE)).rowcount == 1:
+            won.add(delivery_id)
+    return won
+
+
+def _next_due(conn) -> float | None:
+    return conn.execute(select(deliveries.c.next_attempt_at).order_by(deliveries.c.next_attempt_at)
+                        .limit(1)).scalar()

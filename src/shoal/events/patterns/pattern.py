@@ -1,0 +1,89 @@
+"""A compiled pattern, and array-consistent matching of one sub-rule against an event."""
+
+from __future__ import annotations
+
+from shoal.events.patterns.flatten import build_trie, flatten_fields
+
+
+def _merge(a: tuple, b: tuple):
+    """Union of two array memberships, or None when they put one array at two indexes."""
+    if not b:
+        return a
+    if not a:
+        return b
+    merged = dict(a)
+    for array_id, index in b:
+        seen = merged.setdefault(array_id, index)
+        if seen != index:
+            return None
+    return tuple(sorted(merged.items()))
+
+
+def match_subrule(sub: tuple, fields: dict) -> bool:
+    """event-ruler's array-consistent matching (ACFinder) of one sub-rule.
+
+    Fields are taken in the sub-rule's sorted key order. Each value key picks one event leaf that
+    its leaf accepts, and all picked leaves must be array-consistent (no two from different
+    elements of one array). An ``exists: false`` key holds when no leaf of its path is consistent
+    with the leaves picked so far.
+    """
+    candidates = []
+    any_membership = False
+    for path, leaf in sub:
+        present = fields.get(path, ())
+        accepted = [m for v, m in present if leaf.test(v)]
+        if not accepted and not leaf.allow_absent:
+            return False
+        for _, m in present:
+            if m:
+                any_membership = True
+                break
+        candidates.append((accepted, leaf.allow_absent, [m for _, m in present]))
+    if not any_membership:
+        for accepted, allow_absent, present in candidates:
+            if not accepted and not (allow_absent and not present):
+                return False
+        return True
+    failed: set = set()
+
+    def search(i: int, membership: tuple) -> bool:
+        if i == len(candidates):
+            return True
+        if (i, membership) in failed:
+            return False
+        accepted, allow_absent, present = candidates[i]
+        for m in accepted:
+            merged = _merge(membership, m)
+            if merged is not None and search(i + 1, merged):
+                return True
+        if allow_absent and all(_merge(membership, m) is None for m in present):
+            if search(i + 1, membership):
+                return True
+        failed.add((i, membership))
+        return False
+
+    return search(0, ())
+
+
+class Pattern:
+    """A validated, compiled event pattern. Build one with `compile_pattern`."""
+
+    __slots__ = ("subrules", "paths", "_trie")
+
+    def __init__(self, subrules):
+        self.subrules = tuple(subrules)
+        self.paths = frozenset(path for sub in self.subrules for path, _ in sub)
+        self._trie = build_trie(self.paths)
+
+    def matches(self, event: dict) -> bool:
+        """True when the event matches. Never raises; anything but a JSON object is no match."""
+        if not isinstance(event, dict):
+            return False
+        fields = flatten_fields(event, self._trie)
+        for sub in self.subrules:
+            if match_subrule(sub, fields):
+                return True
+        return False
+
+    def __repr__(self) -> str:
+        return f"Pattern({[dict(sub) for sub in self.subrules]!r})"
