@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -35,3 +36,39 @@ def get(path: str, params: dict) -> httpx.Response:
     request = AWSRequest(method="GET", url=url)
     SigV4Auth(_credentials(), "ecs", os.environ.get("AWS_DEFAULT_REGION", "local")).add_auth(request)
     return httpx.get(url, headers=dict(request.headers.items()), timeout=30)
+
+
+def _region() -> str:
+    return os.environ.get("AWS_DEFAULT_REGION", "local")
+
+
+def post(path: str, body: dict, params: dict | None = None) -> httpx.Response:
+    """A SigV4-signed POST of a JSON body (REST extras such as queue acknowledgements)."""
+    url = str(httpx.URL(endpoint() + path, params={k: v for k, v in (params or {}).items() if v is not None}))
+    data = json.dumps(body).encode()
+    request = AWSRequest(method="POST", url=url, data=data, headers={"Content-Type": "application/json"})
+    SigV4Auth(_credentials(), "ecs", _region()).add_auth(request)
+    return httpx.post(url, content=data, headers=dict(request.headers.items()), timeout=30)
+
+
+def error_of(resp: httpx.Response) -> str:
+    """`<Code>: <message>` of a REST error response, whatever its body."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    return f"{body.get('__type', resp.status_code)}: {body.get('message', resp.text.strip())}"
+
+
+def aws(service: str):
+    """A boto3 client for one of the server's AWS APIs (`ecs`, `events`): endpoint from
+    SHOAL_ENDPOINT, region from AWS_DEFAULT_REGION (default `local`), credentials as for `get`."""
+    import boto3
+    from botocore.config import Config
+
+    creds = _credentials()
+    return boto3.client(service, endpoint_url=endpoint(), region_name=_region(),
+                        aws_access_key_id=creds.access_key, aws_secret_access_key=creds.secret_key,
+                        config=Config(retries={"max_attempts": 2, "mode": "standard"}))

@@ -186,7 +186,7 @@ class Dispatcher:
             await deliver(parse_target(target["Arn"]), payload, event_id=event["id"], secret=self.secret,
                           timeout=TIMEOUT, http=self.http, queue_put=self._queue_put)
         except DeliveryError as err:
-            await self._failed(row, target, event, str(err), err.retryable)
+            await self._failed(row, target, event, str(err), err.retryable, err.retry_after)
             return
         except Exception as err:  # a bug or a bad target must not stop the loop
             log.exception("delivering %s to %s failed", event["id"], target["Arn"])
@@ -194,12 +194,13 @@ class Dispatcher:
             return
         await self.store.write(lambda conn: conn.execute(delete(deliveries).where(deliveries.c.id == row.id)))
 
-    async def _failed(self, row, target: dict, event: dict, error: str, retryable: bool) -> None:
+    async def _failed(self, row, target: dict, event: dict, error: str, retryable: bool,
+                      retry_after: float | None = None) -> None:
         attempts, max_age = retry_limits(target)
         tries = row.attempts + 1
         now = time.time()
         if retryable and tries <= attempts and now - row.created_at < max_age:
-            when = now + backoff(tries)
+            when = now + max(backoff(tries), min(retry_after or 0.0, BACKOFF_MAX))  # honour Retry-After
             await self.store.write(lambda conn: conn.execute(update(deliveries).where(deliveries.c.id == row.id)
                                                              .values(attempts=tries, next_attempt_at=when,
                                                                      last_error=error[:2000])))
