@@ -22,9 +22,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support import ServerProcess
-
-from tests.support import wait_for
+from tests.support import ServerProcess, wait_for
 
 SHOAL = [sys.executable, "-m", "shoal"]
 
