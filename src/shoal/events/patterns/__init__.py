@@ -10,23 +10,8 @@ runs, including array-consistent matching; see docs in shared/reference/eventbri
 
 from __future__ import annotations
 
-from shoal.events.patterns.compiler import compile_tree
 from shoal.events.patterns.errors import InvalidEventPattern
 from shoal.events.patterns.index import RuleIndex
-from shoal.events.patterns.parse import from_python, load_text
-from shoal.events.patterns.pattern import Pattern
+from shoal.events.patterns.pattern import Pattern, compile_pattern
 
 __all__ = ["InvalidEventPattern", "Pattern", "RuleIndex", "compile_pattern"]
-
-
-def compile_pattern(pattern: str | bytes | dict) -> Pattern:
-    """Validate a pattern (JSON text or Python dict) and compile it once.
-
-    JSON text is read with duplicate keys preserved, as AWS reads it: a repeated leaf path keeps
-    its last value. Raises InvalidEventPattern with AWS's wording.
-    """
-    if isinstance(pattern, (str, bytes, bytearray)):
-        tree = load_text(pattern)
-    else:
-        tree = from_python(pattern)
-    return Pattern(compile_tree(tree))

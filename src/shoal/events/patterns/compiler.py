@@ -14,7 +14,8 @@ from shoal.events.patterns.errors import InvalidEventPattern
 from shoal.events.patterns.matchers import (
     AnythingBut, AnythingButIgnoreCase, AnythingButPrefix, AnythingButSuffix, AnythingButWildcard,
     Cidr, EqualsIgnoreCase, Exact, Exists, IpExact, IPV4_SHAPE, IPV6_SHAPE, Leaf, Numeric, Prefix,
-    PrefixIgnoreCase, Suffix, SuffixIgnoreCase, Wildcard, parse_ip, value_key, wildcard_tokens,
+    PrefixIgnoreCase, Suffix, SuffixIgnoreCase, Wildcard, as_float, parse_ip, value_key,
+    wildcard_tokens,
 )
 from shoal.events.patterns.parse import Obj
 
@@ -35,8 +36,13 @@ _ABSENT = object()    # exists:false inside a leaf's value list
 _EXISTS = Exists()
 
 
-def _err(reason: str):
-    raise InvalidEventPattern(reason)
+class _FinalError(InvalidEventPattern):
+    """An error event-ruler does not raise as a JSON parse error, so the legacy retry is skipped
+    (CIDR errors are IllegalArgumentExceptions there; size limits are checked after parsing)."""
+
+
+def _err(reason: str, final: bool = False):
+    raise (_FinalError if final else InvalidEventPattern)(reason)
 
 
 def _is_obj(v) -> bool:
@@ -67,13 +73,6 @@ def _text(v) -> str:
     return str(v)
 
 
-def _float(v) -> float:
-    try:
-        return float(v)
-    except OverflowError:
-        return float("inf") if v > 0 else float("-inf")
-
-
 def _java_split_slash(text: str) -> list[str]:
     parts = text.split("/")
     while parts and parts[-1] == "":
@@ -85,25 +84,25 @@ def parse_cidr(text: str) -> Cidr:
     """event-ruler's CIDR.cidr(): the range is [address, address | host mask]."""
     parts = _java_split_slash(text)
     if len(parts) != 2:
-        _err("Malformed CIDR, one '/' required")
+        _err("Malformed CIDR, one '/' required", final=True)
     mask_text = parts[1]
     body = mask_text[1:] if mask_text[:1] in "+-" else mask_text
     if not body.isascii() or not body.isdigit() or not -2**31 <= int(mask_text) < 2**31:
-        _err("Malformed CIDR, mask bits must be an integer")
+        _err("Malformed CIDR, mask bits must be an integer", final=True)
     mask = int(mask_text)
     if mask < 0:
-        _err("Malformed CIDR, mask bits must not be negative")
+        _err("Malformed CIDR, mask bits must not be negative", final=True)
     address = parts[0]
     if not (IPV4_SHAPE.fullmatch(address) or IPV6_SHAPE.fullmatch(address)):
-        _err(f"Nonstandard IP address: {address}")
+        _err(f"Nonstandard IP address: {address}", final=True)
     ip = parse_ip(address)
     if ip is None:
-        _err(f"Invalid IP address: {address}")
+        _err(f"Invalid IP address: {address}", final=True)
     bits, value = ip
     if bits == 32 and mask > 31:
-        _err("IPv4 mask bits must be < 32")
+        _err("IPv4 mask bits must be < 32", final=True)
     if bits == 128 and mask > 127:
-        _err("IPv6 mask bits must be < 128")
+        _err("IPv6 mask bits must be < 128", final=True)
     return Cidr(bits, value, value | ((1 << (bits - mask)) - 1))
 
 
@@ -149,7 +148,7 @@ class _Compiler:
             rules.extend(branch)
             if len(rules) > MAX_SUBRULES:
                 _err(f"Rule is too complex - the {OR} branches combine into more than "
-                     f"{MAX_SUBRULES} alternatives")
+                     f"{MAX_SUBRULES} alternatives", final=True)
         if count < 2:
             _err(f"There must have at least 2 Objects in {OR} relationship.")
 
@@ -172,7 +171,7 @@ class _Compiler:
         for rule in rules:
             rule[name] = out  # a later occurrence of the same path overrides the earlier one
             if len(rule) > MAX_FIELDS:
-                _err(f"Size of rule exceeds max value of {MAX_FIELDS} fields")
+                _err(f"Size of rule exceeds max value of {MAX_FIELDS} fields", final=True)
 
     def expression(self, pairs):
         if not pairs:
@@ -263,9 +262,9 @@ class _Compiler:
         if op in ("<", "<="):
             if second is not _END:
                 _err(TOO_MANY_ELEMENTS)
-            return Numeric(None, False, _float(first), op == "<")
+            return Numeric(None, False, as_float(first), op == "<")
         if second is _END:
-            return Numeric(_float(first), op == ">", None, False)
+            return Numeric(as_float(first), op == ">", None, False)
         if type(second) is not str:
             _err(f"Bad value in numeric range: {_text(second)}")
         if second not in ("<", "<="):
@@ -275,9 +274,9 @@ class _Compiler:
             _err(f"Value of {second} must be numeric")
         if token(4) is not _END:
             _err("Too many terms in numeric range expression")
-        if not _float(first) < _float(top):
+        if not as_float(first) < as_float(top):
             _err("Bottom must be less than top")
-        return Numeric(_float(first), op == ">", _float(top), second == "<")
+        return Numeric(as_float(first), op == ">", as_float(top), second == "<")
 
     def anything_but(self, val, extra: bool):
         kind = None
@@ -380,8 +379,8 @@ def compile_tree(tree) -> list[tuple]:
     try:
         try:
             rules = _Compiler(legacy=False).top(tree)
-        except InvalidEventPattern:
-            if not _has_or_key(tree):
+        except InvalidEventPattern as err:
+            if isinstance(err, _FinalError) or not _has_or_key(tree):
                 raise
             # event-ruler retries with its legacy compiler, where "$or" is a plain field name,
             # and reports that compiler's error if it fails too.

@@ -11,8 +11,8 @@ stack, and anything that is not JSON data is skipped rather than raising.
 
 from __future__ import annotations
 
-_SCALARS = frozenset([str, int, float, bool, type(None)])
-_SKIP = object()
+SCALAR_TYPES = frozenset([str, int, float, bool, type(None)])
+SKIP = object()
 
 
 def build_trie(paths) -> dict:
@@ -37,7 +37,7 @@ def build_trie(paths) -> dict:
     return root
 
 
-def _resolve_dotted(node: dict, key: str):
+def resolve_dotted(node: dict, key: str):
     steps = key.split(".")
     for step in steps[:-1]:
         entry = node.get(step)
@@ -50,12 +50,12 @@ def _resolve_dotted(node: dict, key: str):
 def _lookup(node: dict, key):
     entry = node.get(key)
     if entry is None and type(key) is str and "." in key:
-        entry = _resolve_dotted(node, key)
+        entry = resolve_dotted(node, key)
     return entry
 
 
-def _normalize(v):
-    """Plain JSON types for subclasses (IntEnum, str enums, OrderedDict...); _SKIP for the rest."""
+def normalize(v):
+    """Plain JSON types for subclasses (IntEnum, str enums, OrderedDict...); SKIP for the rest."""
     if isinstance(v, bool):
         return bool(v)
     if isinstance(v, str):
@@ -68,7 +68,7 @@ def _normalize(v):
         return dict(v)
     if isinstance(v, (list, tuple)):
         return list(v)
-    return _SKIP
+    return SKIP
 
 
 def flatten_fields(event: dict, root: dict) -> dict:
@@ -85,9 +85,9 @@ def flatten_fields(event: dict, root: dict) -> dict:
             child, path = node[0], node[1]
             for index, v in enumerate(container):
                 t = type(v)
-                if t not in _SCALARS and t is not dict and t is not list:
-                    v = _normalize(v)
-                    if v is _SKIP:
+                if t not in SCALAR_TYPES and t is not dict and t is not list:
+                    v = normalize(v)
+                    if v is SKIP:
                         continue
                     t = type(v)
                 if t is dict:
@@ -103,9 +103,9 @@ def flatten_fields(event: dict, root: dict) -> dict:
             if entry is None:
                 continue
             t = type(v)
-            if t not in _SCALARS and t is not dict and t is not list:
-                v = _normalize(v)
-                if v is _SKIP:
+            if t not in SCALAR_TYPES and t is not dict and t is not list:
+                v = normalize(v)
+                if v is SKIP:
                     continue
                 t = type(v)
             if t is dict:

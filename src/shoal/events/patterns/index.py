@@ -14,16 +14,19 @@ exactly with `match_subrule`, the same code `Pattern.matches` uses.
 from __future__ import annotations
 
 from shoal.events.patterns.flatten import (
-    _SCALARS, _SKIP, _normalize, _resolve_dotted, build_trie, flatten_fields,
+    SCALAR_TYPES, SKIP, build_trie, flatten_fields, normalize, resolve_dotted,
 )
 from shoal.events.patterns.path_index import PathIndex
-from shoal.events.patterns.pattern import Pattern, match_subrule
+from shoal.events.patterns.pattern import Pattern, compile_pattern, match_subrule
 
 _CACHE_LIMIT = 4096
 
 
 class RuleIndex:
-    """Rules by id; `match(event)` returns the ids of every rule whose pattern matches."""
+    """Rules by id; `match(event)` returns the ids of every rule whose pattern matches.
+
+    Not thread-safe: serialise add and remove with match.
+    """
 
     def __init__(self) -> None:
         self._rules: dict[str, tuple[Pattern, list[int]]] = {}
@@ -46,7 +49,6 @@ class RuleIndex:
     def add(self, rule_id: str, pattern) -> None:
         """Add a rule, or replace the rule with this id. Raises InvalidEventPattern."""
         if not isinstance(pattern, Pattern):
-            from shoal.events.patterns import compile_pattern
             pattern = compile_pattern(pattern)
         if rule_id in self._rules:
             self.remove(rule_id)
@@ -118,8 +120,8 @@ class RuleIndex:
                     if t is list:
                         push((v, node, True, True))
                         continue
-                    if t not in _SCALARS:
-                        v = _normalize(v)
+                    if t not in SCALAR_TYPES:
+                        v = normalize(v)
                         t = type(v)
                         if t is dict:
                             if child is not None:
@@ -128,7 +130,7 @@ class RuleIndex:
                         if t is list:
                             push((v, node, True, True))
                             continue
-                        if v is _SKIP:
+                        if v is SKIP:
                             continue
                     if pi is not None:
                         bits = pi.on_string(v) if t is str else pi.on_other(v)
@@ -144,7 +146,7 @@ class RuleIndex:
                 if entry is None:
                     if type(k) is not str or "." not in k:
                         continue
-                    entry = _resolve_dotted(node, k)
+                    entry = resolve_dotted(node, k)
                     if entry is None:
                         continue
                 t = type(v)
@@ -155,8 +157,8 @@ class RuleIndex:
                 if t is list:
                     push((v, entry, inside, True))
                     continue
-                if t not in _SCALARS:
-                    v = _normalize(v)
+                if t not in SCALAR_TYPES:
+                    v = normalize(v)
                     t = type(v)
                     if t is dict:
                         if entry[0] is not None:
@@ -165,7 +167,7 @@ class RuleIndex:
                     if t is list:
                         push((v, entry, inside, True))
                         continue
-                    if v is _SKIP:
+                    if v is SKIP:
                         continue
                 pi = entry[2]
                 if pi is not None:

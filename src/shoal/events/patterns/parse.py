@@ -32,7 +32,14 @@ def _non_standard(token: str):
 
 
 def _jackson_reason(text: str, err: json.JSONDecodeError) -> str:
-    """A reason worded like Jackson's (what AWS answers) for the common syntax errors."""
+    """A reason worded like Jackson's (what AWS answers) for the common syntax errors.
+
+    event-ruler reads tokens one at a time, so input that does not start an object is reported
+    as "Filter is not an object" before any later syntax error is seen.
+    """
+    first = text.lstrip(" \t\r\n")[:1]
+    if first in ("", "[", '"'):
+        return "Filter is not an object"
     pos = err.pos
     ch = text[pos] if 0 <= pos < len(text) else ""
     if err.msg == "Expecting value" and ch:
@@ -41,9 +48,10 @@ def _jackson_reason(text: str, err: json.JSONDecodeError) -> str:
             return f"Unrecognized token '{token.group()}': {_EXPECTING}"
         return f"Unexpected character ('{ch}' (code {ord(ch)})): expected a value"
     if err.msg.startswith("Expecting property name") and ch:
-        return f"Unexpected character ('{ch}' (code {ord(ch)})): was expecting double-quote to start field name"
+        return (f"Unexpected character ('{ch}' (code {ord(ch)})): "
+                "was expecting double-quote to start field name")
     if not ch:
-        return "Unexpected end-of-input"
+        return "Unexpected end-of-input: expected close marker for Object"
     return f"{err.msg} at line {err.lineno}, column {err.colno}"
 
 

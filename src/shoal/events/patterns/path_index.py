@@ -1,12 +1,12 @@
 """Per-field-path indexes: which sub-rules does one event value satisfy on this path?
 
-A sub-rule is a bit. For one path, `PathIndex.evaluate(values)` returns the bitmask of sub-rules
-whose leaf on that path accepts at least one of the values, without looking at sub-rules one by
-one: literals are a dict lookup; prefixes and suffixes a lookup per distinct operand length;
-numeric ranges a binary search over precomputed intervals; anything-but a lookup of what is
-excluded, complemented. Only operators that cannot be indexed this way (wildcards, CIDR blocks,
-anything-but wildcards, and a second complement of the same kind in one leaf) are tested one
-distinct operand at a time.
+A sub-rule is a bit. For one path, `PathIndex.on_string(v)` / `on_other(v)` return the bitmask
+of sub-rules whose leaf on that path accepts the value, without looking at sub-rules one by one:
+literals are a dict lookup; prefixes and suffixes a lookup per distinct operand length; numeric
+ranges a binary search over precomputed intervals; anything-but a lookup of what is excluded,
+complemented. Operators that cannot be indexed this way (wildcards, CIDR blocks, anything-but
+wildcards, a second complement of the same kind in one leaf) are tested one distinct operand at
+a time; past 16 wildcards on a path, a 3-gram table of their literals picks the candidates.
 """
 
 from __future__ import annotations
@@ -29,13 +29,34 @@ def _by_length(table: dict) -> tuple:
     return tuple(sorted({len(key) for key in table}))
 
 
+_GRAM_THRESHOLD = 16
+
+
+def _gram_index(wildcards: list):
+    """3-gram -> [(wildcard, bits)], keyed by the rarest 3-gram of each wildcard's longest
+    literal (a value can only match if it contains that literal); plus those without one."""
+    counts: dict = {}
+    for m, _ in wildcards:
+        for gram in {m.needle[i:i + 3] for i in range(len(m.needle) - 2)}:
+            counts[gram] = counts.get(gram, 0) + 1
+    index: dict = {}
+    short = []
+    for m, bits in wildcards:
+        grams = [m.needle[i:i + 3] for i in range(len(m.needle) - 2)]
+        if grams:
+            index.setdefault(min(grams, key=counts.__getitem__), []).append((m, bits))
+        else:
+            short.append((m, bits))
+    return index, short
+
+
 class PathIndex:
     __slots__ = (
         "required", "absent", "all", "exists", "exact", "ip", "prefix", "prefix_lens", "suffix",
         "suffix_lens", "prefix_ic", "prefix_ic_lens", "suffix_ic", "suffix_ic_lens", "equals_ic",
         "ab_all", "ab_excluded", "abp_all", "abp", "abp_lens", "abs_all", "abs", "abs_lens",
         "abic_all", "abic", "loop", "points", "regions", "non_string", "folds", "parses_ip",
-        "string_work", "on_string", "on_other",
+        "string_work", "on_string", "on_other", "grams", "loop_other",
     )
 
     def __init__(self, leaves: dict):
@@ -47,7 +68,7 @@ class PathIndex:
         self.ab_excluded, self.abp, self.abs, self.abic = {}, {}, {}, {}
         loop: dict = {}
         ranges: dict = {}
-        abw_all = 0
+        string_complements = 0
         for number, leaf in leaves.items():
             bit = 1 << number
             self.all |= bit
@@ -99,8 +120,20 @@ class PathIndex:
                     loop.setdefault(m.ident, [m, 0])[1] |= bit
             for m in leaf.matchers:
                 if m.kind in _STRING_COMPLEMENTS:
-                    abw_all |= bit
-        self.loop = tuple((m, bits) for m, bits in loop.values())
+                    string_complements |= bit
+        loop_items = [(m, bits) for m, bits in loop.values()]
+        wildcards = [(m, bits) for m, bits in loop_items if m.kind == "wildcard"]
+        others = [(m, bits) for m, bits in loop_items if m.kind != "wildcard"]
+        self.grams = None
+        if len(wildcards) > _GRAM_THRESHOLD:
+            # many wildcards: find candidates through a 3-gram of each one's longest literal
+            self.grams, short = _gram_index(wildcards)
+            others += short
+        else:
+            others += wildcards
+        self.loop = tuple(others)
+        # what can accept a number, boolean or null: not wildcards or CIDR blocks
+        self.loop_other = tuple((m, b) for m, b in others if m.kind not in ("wildcard", "cidr"))
         self.prefix_lens = _by_length(self.prefix)
         self.suffix_lens = _by_length(self.suffix)
         self.prefix_ic_lens = _by_length(self.prefix_ic)
@@ -108,7 +141,7 @@ class PathIndex:
         self.abp_lens = _by_length(self.abp)
         self.abs_lens = _by_length(self.abs)
         # string complements are satisfied by every value that is not a string
-        self.non_string = self.exists | abw_all
+        self.non_string = self.exists | string_complements
         self.folds = bool(self.prefix_ic or self.suffix_ic or self.equals_ic or self.abic_all)
         self.parses_ip = bool(self.ip)
         self.string_work = bool(self.prefix or self.suffix or self.folds or self.abp_all
@@ -129,17 +162,10 @@ class PathIndex:
         self.points = points
         self.regions = regions
 
-    def evaluate(self, values: list) -> int:
-        """Bitmask of the sub-rules whose leaf here accepts at least one of the values."""
-        s = 0
-        for v in values:
-            s |= self.on_string(v) if type(v) is str else self.on_other(v)
-        return s
-
     def _make_string_eval(self):
         """A closure for one string value, with only the steps this path needs."""
         exists, exact, ab_all, ab_excluded = self.exists, self.exact, self.ab_all, self.ab_excluded
-        strings = self._strings if self.string_work else None
+        strings = self._strings if self.string_work or self.grams else None
         loop = self.loop
         if not ab_all and strings is None and not loop:
             def on_string(v):
@@ -162,8 +188,9 @@ class PathIndex:
 
     def _make_other_eval(self):
         """A closure for one number, boolean or null."""
-        non_string, exact, ab_all, ab_excluded = self.non_string, self.exact, self.ab_all, self.ab_excluded
-        points, regions, loop = self.points, self.regions, self.loop
+        non_string, exact = self.non_string, self.exact
+        ab_all, ab_excluded = self.ab_all, self.ab_excluded
+        points, regions, loop = self.points, self.regions, self.loop_other
         n = len(points)
 
         def on_other(v):
@@ -244,6 +271,14 @@ class PathIndex:
                     s |= b
             if self.abic_all:
                 s |= self.abic_all & ~self.abic.get(f, 0)
+        if self.grams:
+            grams = self.grams
+            for i in range(n - 2):
+                candidates = grams.get(v[i:i + 3])
+                if candidates:
+                    for m, bits in candidates:
+                        if s & bits != bits and m.regex.fullmatch(v) is not None:
+                            s |= bits
         if self.parses_ip:
             ip = parse_ip(v)
             if ip is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from shoal.events.patterns.compiler import compile_tree
 from shoal.events.patterns.flatten import build_trie, flatten_fields
+from shoal.events.patterns.parse import from_python, load_text
 
 
 def _merge(a: tuple, b: tuple):
@@ -31,25 +33,29 @@ def match_subrule(sub: tuple, fields: dict) -> bool:
     any_membership = False
     for path, leaf in sub:
         present = fields.get(path, ())
-        accepted = [m for v, m in present if leaf.test(v)]
+        accepted = list(dict.fromkeys(m for v, m in present if leaf.test(v)))
         if not accepted and not leaf.allow_absent:
             return False
-        for _, m in present:
-            if m:
-                any_membership = True
-                break
-        candidates.append((accepted, leaf.allow_absent, [m for _, m in present]))
+        memberships = list(dict.fromkeys(m for _, m in present))
+        any_membership = any_membership or any(memberships)
+        candidates.append((accepted, leaf.allow_absent, memberships))
     if not any_membership:
         for accepted, allow_absent, present in candidates:
             if not accepted and not (allow_absent and not present):
                 return False
         return True
+    # Only arrays that later keys' leaves belong to can still matter: failures are remembered
+    # under the membership narrowed to those, so independent arrays cannot multiply the work.
+    later: list[set] = [set() for _ in range(len(candidates) + 1)]
+    for i in range(len(candidates) - 1, -1, -1):
+        later[i] = later[i + 1] | {array_id for m in candidates[i][2] for array_id, _ in m}
     failed: set = set()
 
     def search(i: int, membership: tuple) -> bool:
         if i == len(candidates):
             return True
-        if (i, membership) in failed:
+        key = (i, tuple(pair for pair in membership if pair[0] in later[i]))
+        if key in failed:
             return False
         accepted, allow_absent, present = candidates[i]
         for m in accepted:
@@ -59,7 +65,7 @@ def match_subrule(sub: tuple, fields: dict) -> bool:
         if allow_absent and all(_merge(membership, m) is None for m in present):
             if search(i + 1, membership):
                 return True
-        failed.add((i, membership))
+        failed.add(key)
         return False
 
     return search(0, ())
@@ -87,3 +93,16 @@ class Pattern:
 
     def __repr__(self) -> str:
         return f"Pattern({[dict(sub) for sub in self.subrules]!r})"
+
+
+def compile_pattern(pattern) -> Pattern:
+    """Validate a pattern (JSON text, UTF-8 bytes or a Python dict) and compile it once.
+
+    JSON text is read with duplicate keys preserved, as AWS reads it: a repeated leaf path keeps
+    its last value. Raises InvalidEventPattern with AWS's wording.
+    """
+    if isinstance(pattern, (str, bytes, bytearray)):
+        tree = load_text(pattern)
+    else:
+        tree = from_python(pattern)
+    return Pattern(compile_tree(tree))
