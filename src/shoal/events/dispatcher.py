@@ -41,6 +41,7 @@ from shoal.store.tables import queue_messages
 
 log = logging.getLogger(__name__)
 ROUTER = "rules"
+RULES_VERSION = "rules-version"  # a row of event_cursors, bumped by every change to rules or targets
 ROUTE_BATCH = 500
 DELIVER_BATCH = 200
 CONCURRENCY = 32
@@ -80,12 +81,12 @@ class Dispatcher:
         self.store, self.secret = store, secret
         self.index = RuleIndex()
         self.rules: dict[str, Rule] = {}
-        self._reload = True
+        self.rules_version: str | None = "unloaded"  # of the rules the index was built from
         self._wake = asyncio.Event()
         self._in_flight: set[int] = set()
 
     def wake(self, *, rules_changed: bool = False) -> None:
-        self._reload |= rules_changed
+        """Something to route (or new rules to route with: the router sees their version)."""
         self._wake.set()
 
     async def run(self) -> None:
@@ -93,9 +94,6 @@ class Dispatcher:
             self.http = http
             while True:
                 try:
-                    if self._reload:
-                        self._reload = False
-                        await self._load()
                     while await self.store.write(self._route) == ROUTE_BATCH:
                         pass
                     wait = await self._deliver_due()
@@ -111,25 +109,30 @@ class Dispatcher:
                 self._wake.clear()
 
     # -- rules ---------------------------------------------------------------------------
-    async def _load(self) -> None:
-        def read(conn):
-            rules = conn.execute(select(event_rules.c.arn, event_rules.c.name, event_rules.c.pattern)
-                                 .where(event_rules.c.state == "ENABLED")).all()
-            targets: dict[str, list[dict]] = {}
-            for arn, doc in conn.execute(select(event_targets.c.rule_arn, event_targets.c.doc)):
-                targets.setdefault(arn, []).append(json.loads(doc))
-            return rules, targets
-
-        rows, targets = await self.store.read(read)
+    def _load(self, conn, version: str | None) -> None:
+        """Build the index from the rules as this transaction sees them (in the writer thread)."""
+        rows = conn.execute(select(event_rules.c.arn, event_rules.c.name, event_rules.c.pattern)
+                            .where(event_rules.c.state == "ENABLED")).all()
+        targets: dict[str, list[dict]] = {}
+        for arn, doc in conn.execute(select(event_targets.c.rule_arn, event_targets.c.doc)):
+            targets.setdefault(arn, []).append(json.loads(doc))
         index, rules = RuleIndex(), {}
         for arn, name, pattern in rows:
             index.add(arn, compile_pattern(pattern))
             rules[arn] = Rule(arn, name, tuple(targets.get(arn, ())))
-        self.index, self.rules = index, rules  # swapped whole: the router may be reading the old ones
+        # Swapped whole, never changed in place: deliveries on the event loop read `rules`.
+        self.index, self.rules, self.rules_version = index, rules, version
 
     # -- step 1: route -------------------------------------------------------------------
     def _route(self, conn) -> int:
-        """Runs in the store's writer: route one batch; return how many events it read."""
+        """Runs in the store's writer: route one batch; return how many events it read.
+
+        The rules' version is read in the same transaction, so events are always matched against
+        the rules as they were when they are routed, whichever server changed them."""
+        version = conn.execute(select(event_cursors.c.cursor)
+                               .where(event_cursors.c.name == RULES_VERSION)).scalar()
+        if version != self.rules_version:
+            self._load(conn, version)
         index, rules = self.index, self.rules
         row = conn.execute(select(event_cursors.c.cursor).where(event_cursors.c.name == ROUTER)
                            .with_for_update()).first()

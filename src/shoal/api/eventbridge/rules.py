@@ -14,9 +14,10 @@ from sqlalchemy import delete, insert, select, update
 from shoal.api.operations import Context, dumps, eventbridge
 from shoal.api.ecs.common import page as ecs_page
 from shoal.domain.errors import ApiError, NotFound
+from shoal.events.dispatcher import RULES_VERSION
 from shoal.events.patterns import InvalidEventPattern, compile_pattern
 from shoal.events.transform import validate_target
-from shoal.store.tables import event_rules, event_targets
+from shoal.store.tables import event_cursors, event_rules, event_targets
 
 BUS = "default"
 MAX_TARGETS = 5  # per rule, as on AWS
@@ -24,6 +25,20 @@ MAX_TARGETS = 5  # per rule, as on AWS
 
 def invalid(message: str) -> ApiError:
     return ApiError(message, "ValidationException")
+
+
+def rules_changed(ctx: Context) -> None:
+    """Bump the rules' version in this transaction: every server's router reloads its index
+    before routing another event (so a rule made through one server applies on all), and this
+    server's router is woken at once."""
+    row = ctx.conn.execute(select(event_cursors.c.cursor).where(event_cursors.c.name == RULES_VERSION)
+                           .with_for_update()).first()
+    if row is None:
+        ctx.conn.execute(insert(event_cursors).values(name=RULES_VERSION, cursor="1"))
+    else:
+        ctx.conn.execute(update(event_cursors).where(event_cursors.c.name == RULES_VERSION)
+                         .values(cursor=str(int(row.cursor) + 1)))
+    ctx.rules_changed = True
 
 
 def check_pattern(text: str) -> None:
@@ -84,7 +99,7 @@ def put_rule(ctx: Context, req: dict) -> dict:
     else:
         ctx.conn.execute(update(event_rules).where(event_rules.c.arn == arn).values(
             state=state, pattern=pattern, version=row.version + 1, doc=dumps(doc)))
-    ctx.rules_changed = True
+    rules_changed(ctx)
     return {"RuleArn": arn}
 
 
@@ -110,7 +125,7 @@ def _set_state(ctx: Context, req: dict, state: str) -> dict:
     doc["State"] = state
     ctx.conn.execute(update(event_rules).where(event_rules.c.arn == row.arn).values(
         state=state, version=row.version + 1, doc=dumps(doc)))
-    ctx.rules_changed = True
+    rules_changed(ctx)
     return {}
 
 
@@ -135,7 +150,7 @@ def delete_rule(ctx: Context, req: dict) -> dict:
         raise invalid("Rule can't be deleted since it has targets.")
     ctx.conn.execute(delete(event_targets).where(event_targets.c.rule_arn == row.arn))
     ctx.conn.execute(delete(event_rules).where(event_rules.c.arn == row.arn))
-    ctx.rules_changed = True
+    rules_changed(ctx)
     return {}
 
 
@@ -159,7 +174,7 @@ def put_targets(ctx: Context, req: dict) -> dict:
         ctx.conn.execute(delete(event_targets).where(event_targets.c.rule_arn == row.arn,
                                                      event_targets.c.target_id == target["Id"]))
         ctx.conn.execute(insert(event_targets).values(rule_arn=row.arn, target_id=target["Id"], doc=dumps(target)))
-    ctx.rules_changed = True
+    rules_changed(ctx)
     return {"FailedEntryCount": 0, "FailedEntries": []}
 
 
@@ -168,7 +183,7 @@ def remove_targets(ctx: Context, req: dict) -> dict:
     row = _rule(ctx, req, "Rule", for_update=True)
     ctx.conn.execute(delete(event_targets).where(event_targets.c.rule_arn == row.arn,
                                                  event_targets.c.target_id.in_(req["Ids"])))
-    ctx.rules_changed = True
+    rules_changed(ctx)
     return {"FailedEntryCount": 0, "FailedEntries": []}
 
 
