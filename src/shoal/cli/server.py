@@ -73,6 +73,10 @@ def server(
                                                    help="Accept unsigned requests. Development only.")] = False,
     join_token: Annotated[Optional[str], typer.Option(help="The secret agents register with. Default: kept in "
                                                           "<data-dir>/join-token.", envvar="SHOAL_JOIN_TOKEN")] = None,
+    webhook_secret: Annotated[Optional[str], typer.Option(help="Signs webhook deliveries. Default: kept in "
+                                                              "<data-dir>/webhook-secret; replicas sharing a "
+                                                              "database need the same one.",
+                                                          envvar="SHOAL_WEBHOOK_SECRET")] = None,
     provisioner: Annotated[str, typer.Option(help="How managed capacity providers get hosts: local (agent "
                                                   "processes on this machine) or command.")] = "local",
     provisioner_launch: Annotated[Optional[str], typer.Option(help="command provisioner: launch executable "
@@ -92,7 +96,7 @@ def server(
     settings = Settings(data_dir=data_dir, db_url=db, region=region, account=account,
                         auth=not insecure_no_auth, credentials={key_id: secret},
                         join_token=join_token or load_or_create_join_token(data_dir),
-                        webhook_secret=load_or_create_secret(data_dir, "webhook-secret"))
+                        webhook_secret=webhook_secret or load_or_create_secret(data_dir, "webhook-secret"))
     capacity = capacity_controller(settings, provisioner, provisioner_launch, provisioner_terminate,
                                    provisioner_list, scale_in_after)
     capacity.server_url = advertise_url
