@@ -41,7 +41,7 @@ class Hub:
         if ctx.touched_hosts:
             self.signals.bump(ctx.touched_hosts)
         if self.dispatcher is not None and (ctx.emitted or ctx.rules_changed):
-            self.dispatcher.wake(rules_changed=ctx.rules_changed)
+            self.dispatcher.wake()
         if ctx.dirty_clusters:
             self._dirty |= ctx.dirty_clusters
             if self._wake is not None:

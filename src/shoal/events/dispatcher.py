@@ -43,8 +43,7 @@ log = logging.getLogger(__name__)
 ROUTER = "rules"
 RULES_VERSION = "rules-version"  # a row of event_cursors, bumped by every change to rules or targets
 ROUTE_BATCH = 500
-DELIVER_BATCH = 200
-CONCURRENCY = 32
+CONCURRENCY = 32  # deliveries in flight per server
 TIMEOUT = 10.0  # per delivery attempt
 LEASE = TIMEOUT + 5  # seconds a claimed delivery is left alone (after a crash, it is sent again then)
 BACKOFF_BASE, BACKOFF_MAX = 0.5, 60.0
@@ -83,30 +82,38 @@ class Dispatcher:
         self.rules: dict[str, Rule] = {}
         self.rules_version: str | None = "unloaded"  # of the rules the index was built from
         self._wake = asyncio.Event()
-        self._in_flight: set[int] = set()
+        self._in_flight: set[int] = set()  # delivery ids being sent by this server
+        self._tasks: set[asyncio.Task] = set()  # held: the loop keeps only weak references
 
-    def wake(self, *, rules_changed: bool = False) -> None:
-        """Something to route (or new rules to route with: the router sees their version)."""
+    def wake(self) -> None:
+        """Something to route (new events, or new rules: the router sees their version)."""
         self._wake.set()
 
     async def run(self) -> None:
         async with httpx.AsyncClient() as http:
             self.http = http
-            while True:
-                try:
-                    while await self.store.write(self._route) == ROUTE_BATCH:
-                        pass
-                    wait = await self._deliver_due()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("event delivery step failed; retrying")
-                    wait = IDLE_WAIT
-                try:
-                    await asyncio.wait_for(self._wake.wait(), wait)
-                except asyncio.TimeoutError:
+            try:
+                await self._loop()
+            finally:  # stopping: what is in flight stays claimed, and is sent again after its lease
+                for task in self._tasks:
+                    task.cancel()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                while await self.store.write(self._route) == ROUTE_BATCH:
                     pass
-                self._wake.clear()
+                wait = await self._deliver_due()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("event delivery step failed; retrying")
+                wait = IDLE_WAIT
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
 
     # -- rules ---------------------------------------------------------------------------
     def _load(self, conn, version: str | None) -> None:
@@ -155,27 +162,28 @@ class Dispatcher:
 
     # -- step 2: deliver -----------------------------------------------------------------
     async def _deliver_due(self) -> float:
-        """Send what is due; return how long to sleep before the next delivery falls due."""
-        now = time.time()
-        due = await self.store.read(lambda conn: _due(conn, now))
-        claimed = await self.store.write(lambda conn: _claim(conn, [(r.id, r.next_attempt_at) for r in due
-                                                                    if r.id not in self._in_flight], now))
-        rows = [r for r in due if r.id in claimed]
-        if rows:
-            limit = asyncio.Semaphore(CONCURRENCY)
-
-            async def one(row):
-                async with limit:
-                    await self._deliver(row)
-
-            self._in_flight.update(r.id for r in rows)
-            try:
-                await asyncio.gather(*(one(r) for r in rows))
-            finally:
-                self._in_flight.difference_update(r.id for r in rows)
-            return 0.0  # more may have become due meanwhile
+        """Start sending what is due (each delivery on its own, so a slow target holds back
+        nobody else); return how long to sleep before the next delivery falls due. A delivery
+        that ends wakes the loop: the next event for its resource may go."""
+        room = CONCURRENCY - len(self._in_flight)
+        if room > 0:
+            now = time.time()
+            due = await self.store.read(lambda conn: _due(conn, now, room))
+            seen = [(r.id, r.next_attempt_at) for r in due if r.id not in self._in_flight]
+            claimed = await self.store.write(lambda conn: _claim(conn, seen, now)) if seen else set()
+            for row in due:
+                if row.id in claimed:
+                    self._in_flight.add(row.id)
+                    task = asyncio.get_running_loop().create_task(self._deliver(row))
+                    self._tasks.add(task)
+                    task.add_done_callback(lambda t, row_id=row.id: self._delivered(t, row_id))
         following = await self.store.read(_next_due)
         return IDLE_WAIT if following is None else max(0.0, min(IDLE_WAIT, following - time.time()))
+
+    def _delivered(self, task: asyncio.Task, row_id: int) -> None:
+        self._tasks.discard(task)
+        self._in_flight.discard(row_id)
+        self._wake.set()
 
     async def _deliver(self, row) -> None:
         rule = self.rules.get(row.rule_arn)
@@ -227,16 +235,19 @@ class Dispatcher:
         await self.store.write(lambda conn: queue_put(conn, queue, payload.decode(), event_id))
 
 
-def _due(conn, now: float) -> list:
-    """Due deliveries that are the oldest of their (rule, target, resource): the heads of line."""
+def _heads():
+    """Deliveries that are the oldest of their (rule, target, resource): the heads of line."""
     earlier = deliveries.alias("earlier")
-    head = ~exists().where(and_(earlier.c.rule_arn == deliveries.c.rule_arn,
+    return ~exists().where(and_(earlier.c.rule_arn == deliveries.c.rule_arn,
                                 earlier.c.target_id == deliveries.c.target_id,
                                 earlier.c.order_key == deliveries.c.order_key, earlier.c.id < deliveries.c.id))
+
+
+def _due(conn, now: float, limit: int) -> list:
     return conn.execute(select(deliveries, events.c.envelope)
                         .join(events, events.c.event_id == deliveries.c.event_id)
-                        .where(deliveries.c.next_attempt_at <= now, head)
-                        .order_by(deliveries.c.id).limit(DELIVER_BATCH)).all()
+                        .where(deliveries.c.next_attempt_at <= now, _heads())
+                        .order_by(deliveries.c.id).limit(limit)).all()
 
 
 def _claim(conn, seen: list[tuple[int, float]], now: float) -> set[int]:
@@ -250,5 +261,6 @@ def _claim(conn, seen: list[tuple[int, float]], now: float) -> set[int]:
 
 
 def _next_due(conn) -> float | None:
-    return conn.execute(select(deliveries.c.next_attempt_at).order_by(deliveries.c.next_attempt_at)
-                        .limit(1)).scalar()
+    """When the next head of line falls due (rows queued behind a head wait for it, not a clock)."""
+    return conn.execute(select(deliveries.c.next_attempt_at).where(_heads())
+                        .order_by(deliveries.c.next_attempt_at).limit(1)).scalar()
