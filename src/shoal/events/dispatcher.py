@@ -188,6 +188,8 @@ class Dispatcher:
     async def _deliver(self, row) -> None:
         rule = self.rules.get(row.rule_arn)
         target = next((t for t in rule.targets if t["Id"] == row.target_id), None) if rule else None
+        if target is None:  # changed since this server last routed (maybe by another server): ask the store
+            rule, target = await self.store.read(lambda conn: _rule_target(conn, row.rule_arn, row.target_id))
         if target is None:  # the rule or target was removed since: nothing to deliver to
             await self.store.write(lambda conn: conn.execute(delete(deliveries).where(deliveries.c.id == row.id)))
             return
@@ -233,6 +235,16 @@ class Dispatcher:
 
     async def _queue_put(self, queue: str, payload: bytes, event_id: str) -> None:
         await self.store.write(lambda conn: queue_put(conn, queue, payload.decode(), event_id))
+
+
+def _rule_target(conn, rule_arn: str, target_id: str) -> tuple[Rule | None, dict | None]:
+    name = conn.execute(select(event_rules.c.name).where(event_rules.c.arn == rule_arn)).scalar()
+    doc = conn.execute(select(event_targets.c.doc).where(event_targets.c.rule_arn == rule_arn,
+                                                         event_targets.c.target_id == target_id)).scalar()
+    if name is None or doc is None:
+        return None, None
+    target = json.loads(doc)
+    return Rule(rule_arn, name, (target,)), target
 
 
 def _heads():
