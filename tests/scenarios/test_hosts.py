@@ -13,10 +13,17 @@ import pytest
 from tests.support import ServerProcess, kill_workloads, wait_for
 
 
+STARTED: list[subprocess.Popen] = []
+
+
 @pytest.fixture
 def server(tmp_path):
     srv = ServerProcess(tmp_path / "server").start()
     yield srv
+    for agent in STARTED:  # whatever the test's outcome
+        agent.kill()
+        agent.wait(10)
+    STARTED.clear()
     srv.stop()
     kill_workloads(tmp_path)  # tasks and the hosts' agents outlive the server by design
     for pid_file in tmp_path.rglob("agent.pid"):
@@ -26,10 +33,12 @@ def server(tmp_path):
 def start_agent(server: ServerProcess, data_dir: Path, *args: str) -> subprocess.Popen:
     data_dir.mkdir(parents=True)
     token = (server.data_dir / "join-token").read_text()
-    return subprocess.Popen([sys.executable, "-m", "shoal", "agent", "--server", server.endpoint,
+    proc = subprocess.Popen([sys.executable, "-m", "shoal", "agent", "--server", server.endpoint,
                              "--data-dir", str(data_dir), *args],
                             env={**os.environ, "SHOAL_JOIN_TOKEN": token},
                             stdout=open(data_dir / "agent.log", "ab"), stderr=subprocess.STDOUT)
+    STARTED.append(proc)
+    return proc
 
 
 def task(ecs, arn: str) -> dict:
@@ -134,5 +143,3 @@ def test_draining_one_of_two_hosts(server, tmp_path):
     assert gone["status"] == "INACTIVE"
     pid = int(next((tmp_path / "host1" / "tasks").glob("*/c/pid")).read_text())
     os.kill(pid, 0)  # still running
-    agents[1].terminate()
-    agents[1].wait(10)
