@@ -73,15 +73,12 @@ class AgentProtocol:
             raise ApiError("The request body must be a JSON object.", "SerializationException")
         return body
 
-    async def _write(self, fn):
-        return await self.hub.write(fn)
-
     async def register(self, request: Request) -> dict:
         if not hmac.compare_digest(self._bearer(request).encode(), self.join_token.encode()):
             raise AuthError("The join token is not valid.", "AccessDeniedException")
         body = await self._body(request)
         token = secrets.token_urlsafe(32)
-        result = await self._write(lambda ctx: state.register(ctx, body, token))
+        result = await self.hub.write(lambda ctx: state.register(ctx, body, token))
         self.last_seen[result["containerInstanceArn"]] = time.monotonic()
         return {**result, "token": token}
 
@@ -94,7 +91,7 @@ class AgentProtocol:
         host = await self.store.read(lambda conn: state.host_for_token(Context(conn, self.arns), token))
         host_arn = host.arn
         if not json.loads(host.doc).get("agentConnected"):
-            await self._write(lambda ctx: state.connected(ctx, token))
+            await self.hub.write(lambda ctx: state.connected(ctx, token))
         self.last_seen[host_arn] = time.monotonic()
         await self.hub.signals.wait(host_arn, request.query_params.get("since"), wait)
         # Read the token before the state: a change committed in between makes the next poll
@@ -107,6 +104,6 @@ class AgentProtocol:
     async def report(self, request: Request) -> dict:
         token = self._bearer(request)
         body = await self._body(request)
-        result = await self._write(lambda ctx: state.report(ctx, token, body))
+        result = await self.hub.write(lambda ctx: state.report(ctx, token, body))
         self.last_seen[result.pop("host")] = time.monotonic()
         return result
