@@ -84,9 +84,11 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._in_flight: set[int] = set()  # delivery ids being sent by this server
         self._tasks: set[asyncio.Task] = set()  # held: the loop keeps only weak references
+        self._to_route = True  # events may wait in the outbox (always true after a timeout)
 
     def wake(self) -> None:
         """Something to route (new events, or new rules: the router sees their version)."""
+        self._to_route = True
         self._wake.set()
 
     async def run(self) -> None:
@@ -101,18 +103,20 @@ class Dispatcher:
     async def _loop(self) -> None:
         while True:
             try:
-                while await self.store.write(self._route) == ROUTE_BATCH:
-                    pass
+                if self._to_route:  # a finished delivery wakes the loop too, with nothing new to route
+                    self._to_route = False
+                    while await self.store.write(self._route) == ROUTE_BATCH:
+                        pass
                 wait = await self._deliver_due()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("event delivery step failed; retrying")
-                wait = IDLE_WAIT
+                self._to_route, wait = True, IDLE_WAIT
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)
             except asyncio.TimeoutError:
-                pass
+                self._to_route = True  # events written by another server announce nothing here
             self._wake.clear()
 
     # -- rules ---------------------------------------------------------------------------
@@ -177,6 +181,8 @@ class Dispatcher:
                     task = asyncio.get_running_loop().create_task(self._deliver(row))
                     self._tasks.add(task)
                     task.add_done_callback(lambda t, row_id=row.id: self._delivered(t, row_id))
+        if self._in_flight:  # each one wakes the loop as it ends; nothing is due sooner
+            return IDLE_WAIT
         following = await self.store.read(_next_due)
         return IDLE_WAIT if following is None else max(0.0, min(IDLE_WAIT, following - time.time()))
 
