@@ -27,7 +27,7 @@ Set-up: an HTTP receiver in this process (ThreadingHTTPServer, HTTP/1.1 keep-ali
 
 Prints one JSON object on stdout (progress on stderr). Goal (issue): p99 runtask_to_webhook
 <= 50 ms. Everything started here (the server, the receiver) is stopped at the end, on failure
-too. Results: BENCHMARKS.md.
+too; the data dir is removed after a successful run. Results: BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import sqlite3
@@ -256,6 +257,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-events-"))
     server, receiver = Server(tmp), Receiver()
+    ok = False
     try:
         server.start()
         ecs, events = server.client("ecs"), server.client("events")
@@ -289,9 +291,14 @@ def main() -> None:
             "throughput_resource_each": spread, "throughput_one_resource": one_line,
             "goal": {"runtask_to_webhook_p99_ms": GOAL_P99_MS, "measured_p99_ms": p99, "met": p99 <= GOAL_P99_MS},
         }, indent=2))
+        ok = True
     finally:
         server.close()
         receiver.close()
+        if ok:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            say(f"kept {tmp} (server.log there)")
 
 
 if __name__ == "__main__":

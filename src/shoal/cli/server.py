@@ -92,6 +92,7 @@ def server(
     """Run the control plane (ECS JSON API, events, REST extras)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per webhook delivery, URL included
     key_id, secret = load_or_create_credentials(data_dir)
     settings = Settings(data_dir=data_dir, db_url=db, region=region, account=account,
                         auth=not insecure_no_auth, credentials={key_id: secret},

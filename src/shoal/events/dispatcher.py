@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from sqlalchemy import and_, delete, exists, insert, select, update
+from sqlalchemy import and_, bindparam, delete, exists, insert, select, update
 
 from shoal.events import outbox
 from shoal.events.patterns import RuleIndex, compile_pattern
@@ -140,8 +140,8 @@ class Dispatcher:
 
         The rules' version is read in the same transaction, so events are always matched against
         the rules as they were when they are routed, whichever server changed them."""
-        version = conn.execute(select(event_cursors.c.cursor)
-                               .where(event_cursors.c.name == RULES_VERSION)).scalar()
+        version = conn.execute(select(event_cursors.c.cursor).where(event_cursors.c.name == RULES_VERSION)
+                               .with_for_update(read=True)).scalar()  # no rule change commits meanwhile
         if version != self.rules_version:
             self._load(conn, version)
         index, rules = self.index, self.rules
@@ -253,19 +253,20 @@ def _rule_target(conn, rule_arn: str, target_id: str) -> tuple[Rule | None, dict
     return Rule(rule_arn, name, (target,)), target
 
 
-def _heads():
-    """Deliveries that are the oldest of their (rule, target, resource): the heads of line."""
-    earlier = deliveries.alias("earlier")
-    return ~exists().where(and_(earlier.c.rule_arn == deliveries.c.rule_arn,
-                                earlier.c.target_id == deliveries.c.target_id,
-                                earlier.c.order_key == deliveries.c.order_key, earlier.c.id < deliveries.c.id))
+# Deliveries that are the oldest of their (rule, target, resource): the heads of line. The
+# statements are built once: building them took longer (~0.2 ms) than running them.
+_EARLIER = deliveries.alias("earlier")
+_HEADS = ~exists().where(and_(_EARLIER.c.rule_arn == deliveries.c.rule_arn,
+                              _EARLIER.c.target_id == deliveries.c.target_id,
+                              _EARLIER.c.order_key == deliveries.c.order_key, _EARLIER.c.id < deliveries.c.id))
+_DUE = (select(deliveries, events.c.envelope).join(events, events.c.event_id == deliveries.c.event_id)
+        .where(deliveries.c.next_attempt_at <= bindparam("now"), _HEADS)
+        .order_by(deliveries.c.id).limit(bindparam("limit")))
+_NEXT_DUE = select(deliveries.c.next_attempt_at).where(_HEADS).order_by(deliveries.c.next_attempt_at).limit(1)
 
 
 def _due(conn, now: float, limit: int) -> list:
-    return conn.execute(select(deliveries, events.c.envelope)
-                        .join(events, events.c.event_id == deliveries.c.event_id)
-                        .where(deliveries.c.next_attempt_at <= now, _heads())
-                        .order_by(deliveries.c.id).limit(limit)).all()
+    return conn.execute(_DUE, {"now": now, "limit": limit}).all()
 
 
 def _claim(conn, seen: list[tuple[int, float]], now: float) -> set[int]:
@@ -280,5 +281,4 @@ def _claim(conn, seen: list[tuple[int, float]], now: float) -> set[int]:
 
 def _next_due(conn) -> float | None:
     """When the next head of line falls due (rows queued behind a head wait for it, not a clock)."""
-    return conn.execute(select(deliveries.c.next_attempt_at).where(_heads())
-                        .order_by(deliveries.c.next_attempt_at).limit(1)).scalar()
+    return conn.execute(_NEXT_DUE).scalar()

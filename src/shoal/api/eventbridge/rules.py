@@ -165,6 +165,10 @@ def put_targets(ctx: Context, req: dict) -> dict:
             validate_target(target, index=i)
         except ValueError as err:
             raise invalid(str(err)) from None
+        dlq = (target.get("DeadLetterConfig") or {}).get("Arn")
+        if dlq and not dlq.startswith("queue:"):  # the dispatcher can only put dead letters on a queue
+            raise invalid(f"Targets[{i}].DeadLetterConfig.Arn: a dead-letter queue is a shoal queue, "
+                          f"queue:<name>; got {dlq[:80]!r}")
     existing = set(ctx.conn.execute(select(event_targets.c.target_id)
                                     .where(event_targets.c.rule_arn == row.arn)).scalars())
     if len(existing | set(ids)) > MAX_TARGETS:
