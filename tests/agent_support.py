@@ -128,15 +128,7 @@ class AgentProcess:
 
 def _rmdir_when_empty(path: Path, timeout: float = 5.0) -> None:
     """rmdir a cgroup once the processes just killed in it are gone (EBUSY until then)."""
-    def gone() -> bool:
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
-        return True
     try:
-        wait_for(gone, timeout=timeout, message=f"cgroup {path} to empty")
+        wait_for(lambda: cgroups.remove_dir(path), timeout=timeout, message=f"cgroup {path} to empty")
     except AssertionError:
         pass  # best effort: a stuck cgroup must not hide the test's own result

@@ -6,8 +6,8 @@ Ctrl-C (SIGINT) or SIGTERM shuts it down cleanly; a restart keeps the same crede
 same local host, and the simulated hosts of a session leave with it.
 """
 
-import json
 import os
+import sqlite3
 import signal
 import subprocess
 import sys
@@ -112,8 +112,6 @@ def test_up_with_simulated_gpu_hosts(tmp_path):
         kill_workloads(data_dir)
     hosts_dir = data_dir / "hosts"
     assert all((d / "terminated").exists() for d in hosts_dir.iterdir()), "simulated hosts leave with shoal up"
-    states = json.loads(subprocess.run(
-        [sys.executable, "-c", "import sqlite3,json,sys; print(json.dumps(sqlite3.connect(sys.argv[1]).execute("
-         "\"select status from container_instances where capacity_provider_name like 'sim-%'\").fetchall()))",
-         str(data_dir / "shoal.db")], capture_output=True, text=True).stdout)
-    assert states == [["INACTIVE"], ["INACTIVE"]]
+    with sqlite3.connect(data_dir / "shoal.db") as db:
+        states = db.execute("select status from container_instances where capacity_provider_name like 'sim-%'")
+        assert states.fetchall() == [("INACTIVE",), ("INACTIVE",)]

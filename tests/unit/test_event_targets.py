@@ -18,19 +18,11 @@ import pytest
 from shoal.events.targets import (
     DeliveryError, TargetSpec, deliver, json_line, parse_target, sign, verify_signature,
 )
+from tests.support import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and sh")
 
 SECRET = b"s3cret-key"
-
-
-def wait_for(predicate, timeout: float = 5.0, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {message}")
 
 
 def send(arn: str, payload: bytes, *, timeout: float = 5.0, **kwargs) -> None:

@@ -19,6 +19,7 @@ from shoal.providers import (
     CommandProvisioner, Host, LaunchRequest, LocalProvisioner, ProvisionerError, from_settings,
 )
 from shoal.providers.base import HOST_ID
+from tests.support import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the provisioners read /proc")
 
@@ -31,14 +32,6 @@ def request(count: int = 1) -> LaunchRequest:
                          capacity_provider="cp-b200", server_url="http://127.0.0.1:9", join_token=TOKEN)
 
 
-def wait_for(predicate, timeout: float = 5.0, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
 def gone(pid: int) -> bool:

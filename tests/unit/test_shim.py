@@ -15,20 +15,13 @@ from pathlib import Path
 import pytest
 
 from shoal.agent.runtime.shims import AlreadyLaunched, attach, launch
+from tests.support import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shim tests read /proc")
 
 ENV = {"PATH": os.environ.get("PATH", os.defpath)}
 
 
-def wait_for(predicate, timeout: float = 10.0, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
 def gone(pid: int) -> bool:
@@ -101,7 +94,7 @@ def test_exit_code_and_both_logs_are_recorded(containers):
     assert handle.started_at() <= status["finishedAt"] <= time.time()
     # The workload was reaped by the shim (no zombie), and the shim goes away once it has recorded.
     assert gone(handle.pid())
-    wait_for(lambda: not handle.alive(), 5, "the shim to exit")
+    wait_for(lambda: not handle.alive(), 5, message="the shim to exit")
     assert not handle.workload_alive()
 
 
@@ -137,7 +130,7 @@ def test_stop_sends_sigterm_to_the_workload(containers):
 
 def test_a_workload_ignoring_sigterm_is_killed_after_the_stop_timeout(containers):
     handle = launch(containers(), ["sh", "-c", 'trap "" TERM; echo ready; sleep 30'], ENV, None, 0.5)
-    wait_for(lambda: handle.stdout_path.read_text() == "ready\n", 5, "the trap to be set")
+    wait_for(lambda: handle.stdout_path.read_text() == "ready\n", 5, message="the trap to be set")
     started = time.monotonic()
     handle.stop()
     status = handle.wait(10)
@@ -229,11 +222,11 @@ def test_what_the_workload_leaves_behind_is_killed_and_reaped(containers, tmp_pa
 def test_a_killed_shim_leaves_an_orphan_that_stop_still_kills(containers):
     handle = launch(containers(), ["sleep", "30"], ENV, None, 5)
     os.kill(handle.shim_pid(), signal.SIGKILL)
-    wait_for(lambda: not handle.alive(), 5, "the shim to die")
+    wait_for(lambda: not handle.alive(), 5, message="the shim to die")
     assert handle.wait(1) is None  # returns early: nobody is left to write exit.json
     assert handle.workload_alive()
     handle.stop()
-    wait_for(lambda: not handle.workload_alive(), 5, "the orphaned workload to die")
+    wait_for(lambda: not handle.workload_alive(), 5, message="the orphaned workload to die")
     assert handle.exit_status() is None
 
 

@@ -97,7 +97,7 @@ def _write(path: Path, value: str | int) -> None:
         os.close(fd)
 
 
-def _rmdir(path: Path) -> bool:
+def remove_dir(path: Path) -> bool:
     """rmdir a cgroup; False if it still holds processes or children (EBUSY) or cannot go."""
     try:
         path.rmdir()
@@ -148,7 +148,7 @@ def _probe(mech: Mechanism, parent_name: str, controller: str | None, fname: str
         return False
     finally:
         if made_parent:
-            _rmdir(parent)
+            remove_dir(parent)
 
 
 def detect(root: Path = Path("/"), *, mountinfo: str | None = None, parent_name: str = "shoal",
@@ -342,10 +342,10 @@ class ContainerCgroup:
 
     def remove(self) -> bool:
         """rmdir each leaf; a cgroup still holding processes (EBUSY) is left. True if all gone."""
-        return all([_rmdir(d) for d in self.paths])  # a list: try every one
+        return all([remove_dir(d) for d in self.paths])  # a list: try every one
 
 
 def remove_parent(layout: Layout, parent_name: str) -> None:
     """rmdir `<hierarchy>/<parent_name>` in every hierarchy (agent shutdown); busy ones stay."""
     for hierarchy in {layout.v2_mount, *layout.v1_mounts.values()} - {None}:
-        _rmdir(hierarchy / parent_name)
+        remove_dir(hierarchy / parent_name)
