@@ -20,6 +20,7 @@ class Settings:
     credentials: dict[str, str] = field(default_factory=dict)  # access key id -> secret
     join_token: str = ""  # what an agent shows to register its host (then it gets its own credential)
     webhook_secret: str = ""  # signs webhook deliveries (X-Shoal-Signature); <data-dir>/webhook-secret
+    agent_timeout: float = 30.0  # seconds without a poll before a host's agent counts as disconnected
 
     @property
     def database_url(self) -> str:

@@ -29,7 +29,7 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
     register_eventbridge()
     arns = ArnFactory(settings.region, settings.account)
     dispatcher = Dispatcher(store, settings.webhook_secret.encode())
-    hub = Hub(store, arns, capacity=capacity, dispatcher=dispatcher)
+    hub = Hub(store, arns, capacity=capacity, dispatcher=dispatcher, agent_timeout=settings.agent_timeout)
     aws = AwsJsonEndpoint(store, [ecs, eventbridge], arns=arns, credentials=settings.credentials if settings.auth else None,
                           committed=hub.committed)
     agents = AgentProtocol(store, arns, settings.join_token, hub)

@@ -88,6 +88,9 @@ def server(
                                                               "http://127.0.0.1:<port>).")] = None,
     scale_in_after: Annotated[float, typer.Option(help="Seconds a managed host sits idle before it is "
                                                        "retired.")] = 300.0,
+    agent_timeout: Annotated[float, typer.Option(help="Seconds without a poll before a host's agent counts as "
+                                                      "disconnected (agents poll at least every 20 s).",
+                                                 envvar="SHOAL_AGENT_TIMEOUT")] = 30.0,
 ) -> None:
     """Run the control plane (ECS JSON API, events, REST extras)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -97,7 +100,8 @@ def server(
     settings = Settings(data_dir=data_dir, db_url=db, region=region, account=account,
                         auth=not insecure_no_auth, credentials={key_id: secret},
                         join_token=join_token or load_or_create_join_token(data_dir),
-                        webhook_secret=webhook_secret or load_or_create_secret(data_dir, "webhook-secret"))
+                        webhook_secret=webhook_secret or load_or_create_secret(data_dir, "webhook-secret"),
+                        agent_timeout=agent_timeout)
     capacity = capacity_controller(settings, provisioner, provisioner_launch, provisioner_terminate,
                                    provisioner_list, scale_in_after)
     capacity.server_url = advertise_url

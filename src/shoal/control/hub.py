@@ -28,8 +28,9 @@ AGENT_TIMEOUT = 30.0  # an agent long-polls every 20 s at most: silence past thi
 
 
 class Hub:
-    def __init__(self, store, arns, *, capacity=None, dispatcher=None):
+    def __init__(self, store, arns, *, capacity=None, dispatcher=None, agent_timeout: float = AGENT_TIMEOUT):
         self.store, self.arns, self.capacity, self.dispatcher = store, arns, capacity, dispatcher
+        self.agent_timeout = agent_timeout
         self.signals = HostSignals()
         self.last_seen: dict[str, float] = {}
         self._dirty: set[str] = set()
@@ -82,7 +83,7 @@ class Hub:
         now = time.monotonic()
         connected = await self.store.read(_connected_hosts)
         for arn in connected:
-            if now - self.last_seen.get(arn, self._started) > AGENT_TIMEOUT:
+            if now - self.last_seen.get(arn, self._started) > self.agent_timeout:
                 log.warning("agent of %s is not polling: marking it disconnected", arn)
                 await self.write(lambda ctx, arn=arn: agent_state.disconnected(ctx, arn))
 

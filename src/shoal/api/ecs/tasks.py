@@ -44,7 +44,7 @@ MAX_STRATEGIES = 5
 SUPPORTED_LAUNCH_TYPES = ("EC2", "EXTERNAL", "MANAGED_INSTANCES")
 
 
-def _check_placement(td: dict, req: dict) -> dict:
+def check_placement(td: dict, req: dict) -> dict:
     constraints = [*td.get("placementConstraints", []), *req.get("placementConstraints", [])]
     if len(constraints) > MAX_CONSTRAINTS:
         raise InvalidParameter(f"Invalid parameter 'placementConstraints': at most {MAX_CONSTRAINTS} constraints "
@@ -73,7 +73,7 @@ def _check_placement(td: dict, req: dict) -> dict:
     return {"placementConstraints": constraints, "placementStrategy": strategies}
 
 
-def _launch(ctx: Context, req: dict, cluster) -> tuple[str | None, list[dict]]:
+def launch_settings(ctx: Context, req: dict, cluster) -> tuple[str | None, list[dict]]:
     """The launch type or capacity provider strategy the tasks are placed with."""
     launch_type, strategy = req.get("launchType"), req.get("capacityProviderStrategy")
     if launch_type and strategy:
@@ -100,9 +100,9 @@ def run_task(ctx: Context, req: dict) -> dict:
     if not 1 <= count <= 10:
         raise InvalidParameter(f"Invalid parameter 'count': must be between 1 and 10, got {count}.")
     td = json.loads(resolve_task_definition(ctx, req["taskDefinition"], active_only=True).doc)
-    launch_type, strategy = _launch(ctx, req, cluster)
-    placement = {**_check_placement(td, req), "capacityProviderStrategy": strategy}
-    docs = _create_tasks(ctx, req, cluster, td, count, launch_type=launch_type, placement=placement,
+    launch_type, strategy = launch_settings(ctx, req, cluster)
+    placement = {**check_placement(td, req), "capacityProviderStrategy": strategy}
+    docs = create_tasks(ctx, req, cluster, td, count, launch_type=launch_type, placement=placement,
                          last_status="PROVISIONING" if strategy else "PENDING")
     # What a retry with the same clientToken gets back: the same tasks, as they are by then.
     idempotency.remember(ctx, "RunTask", req, {"taskArns": [d["taskArn"] for d in docs]})
@@ -122,8 +122,9 @@ def _check_common(req: dict) -> None:
         raise InvalidParameter("Invalid parameter 'group': at most 255 characters.")
 
 
-def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, launch_type, placement,
-                  last_status: str, instance_arns: list[str] | None = None) -> list[dict]:
+def create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, launch_type, placement,
+                  last_status: str, instance_arns: list[str] | None = None,
+                 service_name: str | None = None) -> list[dict]:
     _check_common(req)
     overrides = req.get("overrides") or {}
     domain.check_overrides(td, overrides)
@@ -154,7 +155,7 @@ def _create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, lau
         INSERT_TASK.run(ctx.conn, dict(
             arn=task_arn, id=task_id, cluster_name=cluster.name, last_status=doc["lastStatus"],
             desired_status="RUNNING", family=td["family"], started_by=req.get("startedBy"),
-            service_name=None, launch_type=launch_type, container_instance_arn=doc.get("containerInstanceArn"),
+            service_name=service_name, launch_type=launch_type, container_instance_arn=doc.get("containerInstanceArn"),
             created_at=ctx.now, version=1, doc=dumps(doc), placement=dumps(placement)))
         emit_task_change(ctx, doc)
         docs.append(doc)
@@ -185,7 +186,7 @@ def start_task(ctx: Context, req: dict) -> dict:
     td = json.loads(resolve_task_definition(ctx, req["taskDefinition"], active_only=True).doc)
     instance_arns = _instance_arns(ctx, cluster, refs, "containerInstances")
     placement = {"placementConstraints": [], "placementStrategy": [], "capacityProviderStrategy": []}
-    docs = _create_tasks(ctx, req, cluster, td, len(refs), launch_type="EC2", placement=placement,
+    docs = create_tasks(ctx, req, cluster, td, len(refs), launch_type="EC2", placement=placement,
                          last_status="PENDING", instance_arns=instance_arns)
     return {"tasks": docs, "failures": []}
 
