@@ -43,6 +43,7 @@ class AgentConfig:
     capacity_provider: str | None = None
     host_id: str | None = None
     instance_type: str | None = None
+    availability_zone: str | None = None
     simulate: bool = False
     attributes: dict[str, str] = field(default_factory=dict)
     runtime: str = "process"
@@ -84,7 +85,7 @@ class Agent:
         c = self.config
         body = hostinfo.registration(
             cluster=c.cluster, capacity_provider=c.capacity_provider, host=self.host,
-            instance_type=c.instance_type, simulate=c.simulate, gpus=gpus, attributes=c.attributes,
+            instance_type=c.instance_type, availability_zone=c.availability_zone, simulate=c.simulate, gpus=gpus, attributes=c.attributes,
             enforced=self.runtime.enforced(), runtime=self.runtime.name, version=_version(),
             # Simulated GPUs come with a simulated MPS; real ones need the MPS control binary.
             mps=bool(c.simulate or c.fake_gpus or shutil.which("nvidia-cuda-mps-control")))

@@ -44,6 +44,7 @@ def architecture() -> str:
 
 
 def registration(*, cluster: str, capacity_provider: str | None, host: str, instance_type: str | None,
+                 availability_zone: str | None = None,
                  simulate: bool, gpus: list[Gpu], attributes: dict[str, str], enforced: dict[str, bool],
                  runtime: str, version: str, mps: bool = False) -> dict:
     if simulate:
@@ -64,6 +65,7 @@ def registration(*, cluster: str, capacity_provider: str | None, host: str, inst
         "capacityProvider": capacity_provider,
         "hostId": host,
         "instanceType": instance_type or None,
+        "availabilityZone": availability_zone or None,
         "architecture": architecture(),
         "resources": {"cpu": cpu, "memory": memory, "ports": list(RESERVED_PORTS), "udpPorts": []},
         "gpus": [{"uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib} for g in gpus],

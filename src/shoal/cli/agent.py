@@ -22,6 +22,9 @@ def agent(
                                                         "once and kept in the data dir.")] = None,
     instance_type: Annotated[Optional[str], typer.Option(help="Instance type to register "
                                                               "(attribute ecs.instance-type).")] = None,
+    availability_zone: Annotated[Optional[str], typer.Option(help="Zone the host is in (attribute "
+                                                                  "ecs.availability-zone).",
+                                                             envvar="SHOAL_AVAILABILITY_ZONE")] = None,
     simulate: Annotated[bool, typer.Option("--simulate", help="Take CPU, memory and GPUs from the instance "
                                                               "catalog for --instance-type (simulated GPUs).")] = False,
     fake_gpus: Annotated[Optional[Path], typer.Option(help="Simulate GPUs from a JSON spec "
@@ -46,6 +49,7 @@ def agent(
         attributes[name] = value
     config = AgentConfig(server=server.rstrip("/"), join_token=join_token, data_dir=data_dir, cluster=cluster,
                          capacity_provider=capacity_provider, host_id=host_id, instance_type=instance_type,
+                         availability_zone=availability_zone,
                          simulate=simulate, attributes=attributes, runtime=runtime, fake_gpus=fake_gpus)
     try:
         asyncio.run(Agent(config).run())

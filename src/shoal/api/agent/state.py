@@ -100,6 +100,8 @@ def register(ctx: Context, body: dict, token: str) -> dict:
                   {"name": "ecs.cpu-architecture", "value": str(body.get("architecture") or "x86_64")}]
     if body.get("instanceType"):
         attributes.append({"name": "ecs.instance-type", "value": str(body["instanceType"])})
+    if body.get("availabilityZone"):  # spread and memberOf read it, as on ECS
+        attributes.append({"name": "ecs.availability-zone", "value": str(body["availabilityZone"])})
     custom = body.get("attributes") or []
     for i, attr in enumerate(custom):
         name = attr.get("name") if isinstance(attr, dict) else None
