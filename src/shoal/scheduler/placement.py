@@ -1,31 +1,42 @@
-"""Placement, first version: filter hosts by resources and constraints, pick one by a simple
-strategy, record the allocation on the host and the assignment on the task.
+"""Placement against the store: the engine's host table kept in step with the database, and the
+decisions written back as allocations on the hosts and assignments on the tasks.
 
-It runs inside the store's single writer (RunTask places its own tasks in its transaction; the
-control loop places what is still waiting when capacity appears), so on one server two
-decisions never race. Across servers sharing PostgreSQL, the host rows' optimistic versions
-catch a double booking and the losing unit of work runs again. The full engine (strategies,
-constraints at scale) is its own layer.
+Decisions run inside the store's single writer (RunTask and StartTask place their own tasks in
+their transaction; the control loop places what is still waiting), so on one server two
+decisions never race. The host table of each cluster lives across units of work, so that a
+decision never re-reads thousands of host rows:
+
+- It catches up with the database by comparing row versions (at most every SYNC_INTERVAL, and
+  at once after a rolled-back unit or when the control loop places).
+- Writing is where it is checked: each host a unit placed on is re-read under a row lock.
+  If its version moved (another server, or a change this table has not seen), the host is
+  reloaded and the new allocations must still fit, else the unit fails with StaleWrite and the
+  store runs it again on fresh state. So a stale table can cost a retry, never a double booking.
+- A unit that rolls back after deciding (an error later in the request) leaves its decisions in
+  the table; a listener on the connection's rollbacks marks those hosts for reloading.
 """
 
 from __future__ import annotations
 
 import json
-import random
+import time
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from shoal.api.operations import Context, dumps
-from shoal.domain import query
 from shoal.domain.tasks import PENDING_STATES
 from shoal.events.changes import emit_task_change
-from shoal.scheduler.resources import HostCapacity, demand
-from shoal.store.db import update_versioned
+from shoal.scheduler.engine import Decision, HostInfo, HostTable, Plan
+from shoal.scheduler.resources import HostCapacity, demand, overbooked
+from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.tables import container_instances as cis, task_definitions, tasks
 
 PENDING_REASON = "shoal:pending-reason"
-BATCH = 200
+BATCH = 5000  # waiting tasks placed per unit of work by the control loop
+SYNC_INTERVAL = 0.5  # seconds a host table may go without comparing versions with the database
 _definitions: dict[str, dict] = {}  # task definitions never change once registered (status aside)
+_plans: dict[str, Plan] = {}
+_tables: dict[tuple[int, str], "_ClusterHosts"] = {}
 
 
 def task_definition(ctx: Context, arn: str) -> dict:
@@ -36,119 +47,176 @@ def task_definition(ctx: Context, arn: str) -> dict:
     return doc
 
 
-def _providers(placement: dict) -> set[str]:
-    """The capacity providers a strategy may place on (a zero weight without base takes none)."""
-    return {s["capacityProvider"] for s in placement.get("capacityProviderStrategy", [])
-            if s.get("weight", 0) > 0 or s.get("base", 0) > 0}
+def plan_for(placement: dict | str) -> Plan:
+    key = placement if isinstance(placement, str) else json.dumps(placement, sort_keys=True)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 10_000:
+            _plans.clear()
+        plan = _plans[key] = Plan.compile(json.loads(key) if isinstance(placement, dict) else json.loads(placement))
+    return plan
+
+
+def host_info(row) -> HostInfo:
+    doc = json.loads(row.doc)
+    resources = {r["name"]: r for r in doc["registeredResources"]}
+    return HostInfo(
+        arn=row.arn, version=row.version, status=row.status, connected=bool(doc.get("agentConnected")),
+        provider=row.capacity_provider_name, cpu=resources["CPU"]["integerValue"],
+        memory=resources["MEMORY"]["integerValue"],
+        ports=frozenset(resources.get("PORTS", {}).get("stringSetValue", [])),
+        udp_ports=frozenset(resources.get("PORTS_UDP", {}).get("stringSetValue", [])),
+        gpus=[(g["gpuId"], g.get("totalMemoryInMiB", 0)) for g in doc.get("gpuDevices", [])],
+        attributes={a["name"]: a.get("value") for a in doc.get("attributes", [])},
+        registered_at=doc.get("registeredAt") or 0.0,
+        agent_version=(doc.get("versionInfo") or {}).get("agentVersion"),
+        ec2_instance_id=doc.get("ec2InstanceId"), allocations=json.loads(row.allocations))
+
+
+class _ClusterHosts:
+    """One cluster's host table and how fresh it is."""
+
+    def __init__(self, cluster_name: str):
+        self.cluster_name = cluster_name
+        self.table = HostTable()
+        self.synced_at = float("-inf")
+        self.resync = True
+
+    def fresh(self, conn, *, force: bool = False) -> HostTable:
+        if force or self.resync or time.monotonic() - self.synced_at > SYNC_INTERVAL:
+            self.sync(conn)
+        return self.table
+
+    def sync(self, conn) -> None:
+        current = dict(conn.execute(select(cis.c.arn, cis.c.version).where(
+            cis.c.cluster_name == self.cluster_name, cis.c.status != "INACTIVE")).all())
+        table = self.table
+        for arn in [a for a in table.slot if a not in current]:
+            table.remove(arn)
+        stale = [arn for arn, version in current.items()
+                 if arn not in table.slot or table.hosts[table.slot[arn]].version != version]
+        for start in range(0, len(stale), 500):
+            for row in conn.execute(select(cis).where(cis.c.arn.in_(stale[start:start + 500]))):
+                table.upsert(host_info(row))
+        self.synced_at, self.resync = time.monotonic(), False
+
+    def forget(self, arn: str) -> None:
+        """Reload this host at the next use (its cached state may be ahead of the database)."""
+        slot = self.table.slot.get(arn)
+        if slot is not None:
+            self.table.hosts[slot].version = -1
+        self.resync = True
+
+
+def _hosts(conn, cluster_name: str) -> _ClusterHosts:
+    engine = conn.engine
+    key = (id(engine), cluster_name)
+    hosts = _tables.get(key)
+    if hosts is None:
+        hosts = _tables[key] = _ClusterHosts(cluster_name)
+        if not engine.__dict__.get("_shoal_placement_listeners"):
+            engine._shoal_placement_listeners = True
+            event.listen(engine, "rollback", _rolled_back)
+            event.listen(engine, "rollback_savepoint", lambda conn, name, context: _rolled_back(conn))
+            event.listen(engine, "commit", lambda conn: conn.info.pop("shoal.placed", None))
+    return hosts
+
+
+def _track(conn, hosts: _ClusterHosts, arn: str) -> None:
+    conn.info.setdefault("shoal.placed", []).append((hosts, arn))
+
+
+def _rolled_back(conn) -> None:
+    for hosts, arn in conn.info.pop("shoal.placed", []):
+        hosts.forget(arn)
 
 
 class Placer:
     """Placement decisions for one cluster within one unit of work."""
 
-    def __init__(self, ctx: Context, cluster_name: str):
-        self.ctx, self.cluster_name = ctx, cluster_name
-        self._hosts: dict[str, tuple[object, dict, HostCapacity]] | None = None
-        self._changed: set[str] = set()
+    def __init__(self, ctx: Context, cluster_name: str, *, fresh: bool = False):
+        self.ctx, self.cluster_name, self._fresh = ctx, cluster_name, fresh
+        self._hosts: _ClusterHosts | None = None
+        self._placed: dict[str, dict[str, dict]] = {}  # host ARN -> task ARN -> allocation
+        self._only: set[str] = set()  # hosts named by StartTask: their agent need not be connected
 
-    def _load(self) -> dict[str, tuple[object, dict, HostCapacity]]:
+    @property
+    def table(self) -> HostTable:
         if self._hosts is None:
-            rows = self.ctx.conn.execute(select(cis).where(cis.c.cluster_name == self.cluster_name,
-                                                           cis.c.status == "ACTIVE")
-                                         .order_by(cis.c.registered_at, cis.c.id)).all()
-            self._hosts = {}
-            for row in rows:
-                doc = json.loads(row.doc)
-                self._hosts[row.arn] = (row, doc, HostCapacity(
-                    row.arn, doc["registeredResources"],
-                    [{"gpuId": g["gpuId"], "totalMemoryInMiB": g.get("totalMemoryInMiB", 0)}
-                     for g in doc.get("gpuDevices", [])],
-                    json.loads(row.allocations)))
-        return self._hosts
+            self._hosts = _hosts(self.ctx.conn, self.cluster_name)
+            return self._hosts.fresh(self.ctx.conn, force=self._fresh)
+        return self._hosts.table
 
-    def place(self, task: dict, placement: dict, only: str | None = None) -> str | None:
+    def place(self, task: dict, placement: dict | str, only: str | None = None) -> str | None:
         """Assign `task` (its document, changed in place) to a host (`only` that one, for
         StartTask); return None, or why not."""
-        td = task_definition(self.ctx, task["taskDefinitionArn"])
-        need = demand(task, td)
-        providers = _providers(placement)
-        hosts = [h for h in self._load().values() if not providers or h[0].capacity_provider_name in providers]
-        if only:  # StartTask names the host: the operator vouches for it
-            hosts = [h for h in hosts if h[0].arn == only]
-        else:  # only a connected agent can start what lands on its host
-            hosts = [h for h in hosts if h[1].get("agentConnected")]
-        if not hosts:
-            return "No Container Instances were found in your cluster."
-        constraints = [(c["type"], query.parse(c["expression"], "expression") if c.get("expression") else None)
-                       for c in placement.get("placementConstraints", [])]
-        fits, reason = [], None
-        for row, doc, capacity in hosts:
-            attributes = {a["name"] for a in doc.get("attributes", [])}
-            missing = sorted(set(need.required_attributes) - attributes)
-            if missing:
-                reason = f"MISSING ATTRIBUTE: {', '.join(missing)}"
-                continue
-            view = _host_view(doc, capacity)
-            if any(kind == "memberOf" and expr is not None and not expr.matches(view) for kind, expr in constraints):
-                reason = "MemberOf placement constraint unsatisfied."
-                continue
-            if any(kind == "distinctInstance" for kind, _ in constraints) and need.group in capacity.groups():
-                reason = "DistinctInstance placement constraint unsatisfied."
-                continue
-            alloc, gpu_ids, why = capacity.fit(need)
-            if alloc is None:
-                reason = why
-                continue
-            fits.append((row, doc, capacity, alloc, gpu_ids))
-        if not fits:
-            return reason
-        row, doc, capacity, alloc, gpu_ids = _choose(fits, placement.get("placementStrategy", []))
-        capacity.allocations[task["taskArn"]] = alloc
-        self._changed.add(row.arn)
-        task.update(containerInstanceArn=row.arn, lastStatus="PENDING" if task["lastStatus"] in PENDING_STATES
+        need = demand(task, task_definition(self.ctx, task["taskDefinitionArn"]))
+        decision = self.table.place(task["taskArn"], need, plan_for(placement), only=only,
+                                    require_connected=only is None)
+        if not isinstance(decision, Decision):
+            return decision
+        _track(self.ctx.conn, self._hosts, decision.arn)
+        self._placed.setdefault(decision.arn, {})[task["taskArn"]] = decision.allocation
+        if only:
+            self._only.add(decision.arn)
+        host = self.table.hosts[decision.slot]
+        task.update(containerInstanceArn=decision.arn, lastStatus="PENDING" if task["lastStatus"] in PENDING_STATES
                     else task["lastStatus"])
-        if row.capacity_provider_name:
-            task["capacityProviderName"] = row.capacity_provider_name
+        if host.provider:
+            task["capacityProviderName"] = host.provider
         task["attributes"] = [a for a in task.get("attributes", []) if a["name"] != PENDING_REASON]
         for container in task["containers"]:
-            if container["name"] in gpu_ids:
-                container["gpuIds"] = gpu_ids[container["name"]]
+            if container["name"] in decision.gpu_ids:
+                container["gpuIds"] = decision.gpu_ids[container["name"]]
         return None
 
     def flush(self) -> None:
-        """Write the hosts whose allocations changed, and tell their agents."""
-        for arn in sorted(self._changed):
-            row, doc, capacity = self._hosts[arn]
-            write_allocations(self.ctx, row, doc, capacity.allocations)
-        self._changed.clear()
+        """Write the hosts placed on, checked against the database (see the module docstring),
+        and tell their agents."""
+        for arn in sorted(self._placed):
+            self._write(arn, self._placed[arn])
+        self._placed.clear()
+
+    def _write(self, arn: str, new: dict[str, dict]) -> None:
+        conn, table = self.ctx.conn, self._hosts.table
+        row = conn.execute(select(cis).where(cis.c.arn == arn).with_for_update()).first()
+        slot = table.slot.get(arn)
+        if row is None or slot is None or row.version != table.hosts[slot].version:
+            # The table was behind: check the decisions against what is really there.
+            problem = _unusable(row, new, connected_required=arn not in self._only)
+            if problem:
+                if row is None or row.status == "INACTIVE":
+                    table.remove(arn)
+                else:
+                    table.upsert(host_info(row))
+                raise StaleWrite(f"container instance {arn} changed under placement: {problem}")
+        doc, allocations = json.loads(row.doc), json.loads(row.allocations)
+        allocations.update(new)
+        version = write_allocations(self.ctx, row, doc, allocations)
+        if slot is not None and row.version == table.hosts[slot].version:
+            table.hosts[slot].version = version  # the table already holds these decisions
+        else:  # take the host as it now is
+            host = host_info(row)
+            host.version, host.allocations = version, allocations
+            table.upsert(host)
 
 
-def _host_view(doc: dict, capacity: HostCapacity) -> query.Host:
-    from shoal.api.ecs.container_instances import host_view
-
-    return host_view(doc, capacity.groups(), len(capacity.allocations))
-
-
-def _choose(fits: list, strategies: list[dict]):
-    """Strategies in order of precedence, v1: binpack on cpu or memory (least left that fits),
-    random, or spread (fewest tasks, the default); ties go to the host registered first."""
-    for strategy in strategies:
-        kind, field = strategy.get("type"), (strategy.get("field") or "").lower()
-        if kind == "random":
-            return random.choice(fits)
-        if kind == "binpack":
-            name = "CPU" if field == "cpu" else "MEMORY"
-            return min(fits, key=lambda f: next(r["integerValue"] for r in f[2].remaining() if r["name"] == name))
-        if kind == "spread":
-            break
-    return min(fits, key=lambda f: len(f[2].allocations))
+def _unusable(row, new: dict[str, dict], *, connected_required: bool) -> str | None:
+    if row is None or row.status != "ACTIVE":
+        return "not ACTIVE"
+    doc = json.loads(row.doc)
+    if connected_required and not doc.get("agentConnected"):
+        return "agent not connected"
+    return overbooked(doc["registeredResources"], doc.get("gpuDevices", []), {**json.loads(row.allocations), **new})
 
 
-def write_allocations(ctx: Context, row, doc: dict, allocations: dict) -> None:
+def write_allocations(ctx: Context, row, doc: dict, allocations: dict) -> int:
     capacity = HostCapacity(row.arn, doc["registeredResources"], doc.get("gpuDevices", []), allocations)
     doc["remainingResources"] = capacity.remaining()
     doc["gpuDevices"] = capacity.devices_now()
-    update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, allocations=dumps(allocations), doc=dumps(doc))
     ctx.touched_hosts.add(row.arn)
+    return update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, allocations=dumps(allocations),
+                            doc=dumps(doc))
 
 
 def release(ctx: Context, host_arn: str | None, task_arn: str) -> None:
@@ -159,9 +227,20 @@ def release(ctx: Context, host_arn: str | None, task_arn: str) -> None:
     if row is None:
         return
     allocations = json.loads(row.allocations)
-    if allocations.pop(task_arn, None) is not None:
-        write_allocations(ctx, row, json.loads(row.doc), allocations)
-        ctx.dirty_clusters.add(row.cluster_name)
+    if allocations.pop(task_arn, None) is None:
+        return
+    version = write_allocations(ctx, row, json.loads(row.doc), allocations)
+    ctx.dirty_clusters.add(row.cluster_name)
+    hosts = _tables.get((id(ctx.conn.engine), row.cluster_name))
+    slot = hosts.table.slot.get(host_arn) if hosts else None
+    if slot is not None:
+        cached = hosts.table.hosts[slot]
+        _track(ctx.conn, hosts, host_arn)
+        if cached.version == row.version:  # in step: apply the release, not a reload
+            hosts.table.release(host_arn, task_arn)
+            cached.version = version
+        else:
+            hosts.forget(host_arn)
 
 
 def place_pending(ctx: Context, cluster_name: str) -> int:
@@ -172,10 +251,10 @@ def place_pending(ctx: Context, cluster_name: str) -> int:
         .order_by(tasks.c.created_at, tasks.c.id).limit(BATCH)).all()
     if not rows:
         return 0
-    placer, placed = Placer(ctx, cluster_name), 0
+    placer, placed = Placer(ctx, cluster_name, fresh=True), 0
     for row in rows:
         doc = json.loads(row.doc)
-        reason = placer.place(doc, json.loads(row.placement or "{}"))
+        reason = placer.place(doc, row.placement or "{}")
         if reason is None:
             doc["version"] += 1
             update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],

@@ -165,3 +165,26 @@ class HostCapacity:
             gpus[best["gpuId"]] = {"mode": "mps", "containers": len(d.mps_memory), "memory": need}
             ids.update({name: [best["gpuId"]] for name in d.mps_memory})
         return allocation(d, gpus), ids, None
+
+
+def overbooked(registered: list[dict], devices: list[dict], allocations: dict[str, dict]) -> str | None:
+    """Why these allocations do not fit together on a host with these resources, or None.
+    The check every write of a host's allocations passes, whatever the decision was based on."""
+    allocs = list(allocations.values())
+    if sum(a["cpu"] for a in allocs) > _resource(registered, "CPU", 0):
+        return "RESOURCE:CPU"
+    if sum(a["memory"] for a in allocs) > _resource(registered, "MEMORY", 0):
+        return "RESOURCE:MEMORY"
+    for kind, reserved in (("ports", "PORTS"), ("udpPorts", "PORTS_UDP")):
+        taken = [p for a in allocs for p in a[kind]] + list(_resource(registered, reserved, []))
+        if len(taken) != len(set(taken)):
+            return "RESOURCE:PORTS"
+    totals = {d["gpuId"]: d.get("totalMemoryInMiB", 0) for d in devices}
+    for uuid, total in totals.items():
+        uses = [a["gpus"][uuid] for a in allocs if uuid in a["gpus"]]
+        whole = [u for u in uses if u["mode"] != "mps"]
+        if whole and len(uses) > 1 or sum(u.get("memory", 0) for u in uses if u["mode"] == "mps") > total:
+            return "RESOURCE:GPU"
+    if any(uuid not in totals for a in allocs for uuid in a["gpus"]):
+        return "RESOURCE:GPU"
+    return None
