@@ -174,8 +174,11 @@ class HostTable:
 
     def _column(self, name: str) -> Column:
         column = self.columns.get(name)
-        if column is None:
+        if column is None:  # first asked for: fill it in from every host
             column = self.columns[name] = Column(self.cap)
+            for i, host in enumerate(self.hosts):
+                if host is not None:
+                    column.set(i, *self._property(host, name))
         return column
 
     def group_counts(self, group: str) -> np.ndarray:
