@@ -34,7 +34,7 @@ def call(server, method: str, path: str, token: str, **kwargs) -> httpx.Response
 def register_host(server, cluster: str, *, gpus: int = 0, cpu: int = 4096, memory: int = 16384,
                   capacity_provider: str | None = None, ports: list[int] | None = None,
                   instance_type: str | None = None, mps: bool = False, gpu_memory: int = GPU_MEMORY,
-                  attributes: list[dict] | None = None) -> tuple[str, str]:
+                  attributes: list[dict] | None = None, zone: str | None = None) -> tuple[str, str]:
     """Register a host and send its first healthy report, so that it is ACTIVE with its agent
     connected. Returns (container instance ARN, host token)."""
     join = (server.data_dir / "join-token").read_text().strip()
@@ -49,6 +49,8 @@ def register_host(server, cluster: str, *, gpus: int = 0, cpu: int = 4096, memor
         body["capacityProvider"] = capacity_provider
     if instance_type:
         body["instanceType"] = instance_type
+    if zone:
+        body["availabilityZone"] = zone
     resp = call(server, "POST", "/v1/agent/register", join, json=body)
     assert resp.status_code == 200, resp.text
     arn, token = resp.json()["containerInstanceArn"], resp.json()["token"]
