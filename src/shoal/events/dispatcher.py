@@ -150,6 +150,10 @@ class Dispatcher:
         if row is None:  # first run: start from the end of the outbox
             conn.execute(insert(event_cursors).values(name=ROUTER, cursor=outbox.end_cursor(conn)))
             return 0
+        if not rules:  # nothing can match: move past what is settled without reading it
+            conn.execute(update(event_cursors).where(event_cursors.c.name == ROUTER)
+                         .values(cursor=outbox.end_cursor(conn)))
+            return 0
         batch, cursor = outbox.read(conn, row.cursor, ROUTE_BATCH)
         if not batch:
             return 0

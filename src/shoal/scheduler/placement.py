@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import event, select
+from sqlalchemy import bindparam, event, select, update
 
 from shoal.api.operations import Context, dumps
 from shoal.domain.tasks import PENDING_STATES
@@ -29,6 +29,7 @@ from shoal.events.changes import emit_task_change
 from shoal.scheduler.engine import Decision, HostInfo, HostTable, Plan
 from shoal.scheduler.resources import HostCapacity, demand, overbooked
 from shoal.store.db import StaleWrite, update_versioned
+from shoal.store.prepared import Prepared
 from shoal.store.tables import container_instances as cis, task_definitions, tasks
 
 PENDING_REASON = "shoal:pending-reason"
@@ -37,6 +38,11 @@ SYNC_INTERVAL = 0.5  # seconds a host table may go without comparing versions wi
 _definitions: dict[str, dict] = {}  # task definitions never change once registered (status aside)
 _plans: dict[str, Plan] = {}
 _tables: dict[tuple[int, str], "_ClusterHosts"] = {}
+# Every placement and every stop reads and writes its host: see shoal.store.prepared.
+_HOST_FOR_UPDATE = Prepared(select(cis).where(cis.c.arn == bindparam("host")).with_for_update())
+_WRITE_HOST = Prepared(update(cis).where(cis.c.arn == bindparam("host"), cis.c.version == bindparam("expected"))
+                       .values(version=bindparam("next_version"), allocations=bindparam("new_allocations"),
+                               doc=bindparam("new_doc")))
 
 
 def task_definition(ctx: Context, arn: str) -> dict:
@@ -179,7 +185,7 @@ class Placer:
 
     def _write(self, arn: str, new: dict[str, dict]) -> None:
         conn, table = self.ctx.conn, self._hosts.table
-        row = conn.execute(select(cis).where(cis.c.arn == arn).with_for_update()).first()
+        row = _HOST_FOR_UPDATE.first(conn, {"host": arn})
         slot = table.slot.get(arn)
         if row is None or slot is None or row.version != table.hosts[slot].version:
             # The table was behind: check the decisions against what is really there.
@@ -215,15 +221,18 @@ def write_allocations(ctx: Context, row, doc: dict, allocations: dict) -> int:
     doc["remainingResources"] = capacity.remaining()
     doc["gpuDevices"] = capacity.devices_now()
     ctx.touched_hosts.add(row.arn)
-    return update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, allocations=dumps(allocations),
-                            doc=dumps(doc))
+    written = _WRITE_HOST.run(ctx.conn, {"host": row.arn, "expected": row.version, "next_version": row.version + 1,
+                                         "new_allocations": dumps(allocations), "new_doc": dumps(doc)})
+    if written != 1:
+        raise StaleWrite(f"container instance {row.arn} changed concurrently")
+    return row.version + 1
 
 
 def release(ctx: Context, host_arn: str | None, task_arn: str) -> None:
     """Give back what `task_arn` held on its host (idempotent)."""
     if not host_arn:
         return
-    row = ctx.conn.execute(select(cis).where(cis.c.arn == host_arn).with_for_update()).first()
+    row = _HOST_FOR_UPDATE.first(ctx.conn, {"host": host_arn})
     if row is None:
         return
     allocations = json.loads(row.allocations)
