@@ -90,7 +90,8 @@ class Plan:
 
     providers: tuple[str, ...]  # empty: any provider (launch type EC2)
     weights: tuple[tuple[str, int, int], ...]  # (provider, base, weight) of a capacity provider strategy
-    member_of: tuple[query.Expr, ...]
+    static: tuple[query.Expr, ...]  # memberOf on what placing tasks does not change (cached per plan)
+    dynamic: tuple[query.Expr, ...]  # memberOf on runningTasksCount or task:group (per decision)
     expressions: tuple[str, ...]
     distinct: bool
     strategies: tuple[tuple[str, str], ...]  # (type, field lower-cased)
@@ -109,8 +110,8 @@ class Plan:
                 expressions.append(c["expression"])
         strategies = tuple((s.get("type", ""), (s.get("field") or "").lower())
                            for s in placement.get("placementStrategy", []))
-        return cls(tuple(p for p, _, _ in weights), weights, tuple(member_of), tuple(expressions), distinct,
-                   strategies)
+        return cls(tuple(p for p, _, _ in weights), weights, tuple(e for e in member_of if is_static(e)),
+                   tuple(e for e in member_of if not is_static(e)), tuple(expressions), distinct, strategies)
 
 
 @dataclass
@@ -133,6 +134,7 @@ class HostTable:
         self.rng = rng or random.Random()
         self._static: dict[tuple, np.ndarray] = {}
         self._spread: dict[tuple[str, str], np.ndarray] = {}  # (group, attribute) -> tasks per value code
+        self._value_masks_cache: dict[str, np.ndarray] = {}  # attribute -> one host mask per value
         self._alloc_arrays(capacity, gpus_per_host)
 
     # -- storage --------------------------------------------------------------------------------
@@ -258,6 +260,7 @@ class HostTable:
         self.epoch += 1
         self._static.clear()
         self._spread.clear()
+        self._value_masks_cache.clear()
 
     # -- allocations ----------------------------------------------------------------------------
     def apply(self, i: int, task_arn: str, alloc: dict) -> None:
@@ -369,17 +372,15 @@ class HostTable:
         ok = base.copy()
         for name in need.required_attributes:
             ok &= self._column(name).codes[:self.size] >= 0
-        for expr in plan.member_of:
-            if is_static(expr):
-                ok &= evaluate(expr, self, np.arange(self.size))
+        for expr in plan.static:
+            ok &= evaluate(expr, self, np.arange(self.size))
         return ok
 
     def _decide(self, task_arn: str, need: Demand, plan: Plan, base: np.ndarray,
                 candidates: np.ndarray) -> Decision | str:
         ok = self._fits(need, candidates)
-        for expr in plan.member_of:
-            if not is_static(expr):
-                ok &= evaluate(expr, self, np.arange(self.size))
+        for expr in plan.dynamic:
+            ok &= evaluate(expr, self, np.arange(self.size))
         if plan.distinct:
             ok &= self.group_counts(need.group)[:self.size] == 0
         if need.ports or need.udp_ports:
@@ -467,13 +468,12 @@ class HostTable:
 
     def _value_masks(self, name: str) -> np.ndarray:
         """One host mask per value of the attribute (the last row: hosts without it)."""
-        key = ("\0masks", name)
-        masks = self._spread.get(key)
+        masks = self._value_masks_cache.get(name)
         if masks is None:
             column = self._column(name)
             codes = column.codes[:self.size]
             bucket = np.where(codes >= 0, codes, len(column.values))
-            masks = self._spread[key] = bucket[None, :] == np.arange(len(column.values) + 1)[:, None]
+            masks = self._value_masks_cache[name] = bucket[None, :] == np.arange(len(column.values) + 1)[:, None]
         return masks
 
     def _spread_counts(self, group: str, name: str) -> np.ndarray:
@@ -525,7 +525,7 @@ class HostTable:
         ]
         for name in need.required_attributes:
             steps.append((f"MISSING ATTRIBUTE: {name}", lambda ok, name=name: self._column(name).codes[:n] >= 0))
-        for expr in plan.member_of:
+        for expr in plan.static + plan.dynamic:
             steps.append((MEMBER_OF, lambda ok, expr=expr: evaluate(expr, self, np.arange(n))))
         if plan.distinct:
             steps.append((DISTINCT, lambda ok: self.group_counts(need.group)[:n] == 0))
