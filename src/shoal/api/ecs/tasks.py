@@ -132,7 +132,7 @@ def create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, laun
     if req.get("propagateTags") == "TASK_DEFINITION":
         tags = merge_tags(td.get("tags", []), tags)
     docs = []
-    placer = Placer(ctx, cluster.name)
+    placer, placement_json = Placer(ctx, cluster.name), dumps(placement)  # one plan for the batch
     for i in range(count):
         task_id = arns.new_id()
         task_arn = ctx.arns.task(cluster.name, task_id)
@@ -146,7 +146,7 @@ def create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, laun
             container_instance_arn=instance_arn,
         )
         # Placed now if a host has room (StartTask: the named host), else it waits, with the reason.
-        reason = placer.place(doc, placement, only=instance_arn)
+        reason = placer.place(doc, placement_json, only=instance_arn)
         if reason is not None:
             if instance_arn:
                 raise InvalidParameter(f"Invalid parameter 'containerInstances[{i}]': the task does not fit on "
@@ -156,7 +156,7 @@ def create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, laun
             arn=task_arn, id=task_id, cluster_name=cluster.name, last_status=doc["lastStatus"],
             desired_status="RUNNING", family=td["family"], started_by=req.get("startedBy"),
             service_name=service_name, launch_type=launch_type, container_instance_arn=doc.get("containerInstanceArn"),
-            created_at=ctx.now, version=1, doc=dumps(doc), placement=dumps(placement)))
+            created_at=ctx.now, version=1, doc=dumps(doc), placement=placement_json))
         emit_task_change(ctx, doc)
         docs.append(doc)
     placer.flush()
