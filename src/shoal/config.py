@@ -21,6 +21,7 @@ class Settings:
     join_token: str = ""  # what an agent shows to register its host (then it gets its own credential)
     webhook_secret: str = ""  # signs webhook deliveries (X-Shoal-Signature); <data-dir>/webhook-secret
     agent_timeout: float = 30.0  # seconds without a poll before a host's agent counts as disconnected
+    service_healthy_after: float = 40.0  # seconds a service task without health checks runs before it is healthy
 
     @property
     def database_url(self) -> str:

@@ -17,6 +17,7 @@ from shoal.api.queues import queue_routes
 from shoal.api.rest import events_endpoint, healthz
 from shoal.config import Settings
 from shoal.control.hub import Hub
+from shoal.control.services import ServiceScheduler
 from shoal.events.dispatcher import Dispatcher
 from shoal.domain.arns import ArnFactory
 from shoal.store.db import Store
@@ -29,7 +30,8 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
     register_eventbridge()
     arns = ArnFactory(settings.region, settings.account)
     dispatcher = Dispatcher(store, settings.webhook_secret.encode())
-    hub = Hub(store, arns, capacity=capacity, dispatcher=dispatcher, agent_timeout=settings.agent_timeout)
+    hub = Hub(store, arns, capacity=capacity, dispatcher=dispatcher, agent_timeout=settings.agent_timeout,
+              services=ServiceScheduler(healthy_after=settings.service_healthy_after))
     aws = AwsJsonEndpoint(store, [ecs, eventbridge], arns=arns, credentials=settings.credentials if settings.auth else None,
                           committed=hub.committed)
     agents = AgentProtocol(store, arns, settings.join_token, hub)

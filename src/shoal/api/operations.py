@@ -16,6 +16,7 @@ from sqlalchemy import Connection
 
 from shoal.domain.arns import ArnFactory
 from shoal.events import outbox
+from shoal.events.envelope import TASK_STATE_CHANGE
 
 
 @dataclass
@@ -27,12 +28,19 @@ class Context:
     # (their long-polls wake after the commit), clusters with capacity to place waiting tasks on.
     touched_hosts: set[str] = field(default_factory=set)
     dirty_clusters: set[str] = field(default_factory=set)
+    # Services whose scheduler must look again, as (cluster name, service name): one of their
+    # tasks changed. See `emit`.
+    dirty_services: set[tuple[str, str]] = field(default_factory=set)
     emitted: int = 0  # events written: the rule router has work
     rules_changed: bool = False  # the router must reload its rule index
 
     def emit(self, detail_type: str, resources: list[str], detail: dict, **envelope) -> dict:
         """Append an event (source shoal.ecs unless `source=` says otherwise) in this transaction."""
         self.emitted += 1
+        if detail_type == TASK_STATE_CHANGE and str(detail.get("group", "")).startswith("service:"):
+            # Every change of a service task, whoever made it (an agent's report, StopTask, a
+            # drain, a host that vanished), writes this event: the one place to catch them all.
+            self.dirty_services.add((detail["clusterArn"].rsplit("/", 1)[-1], detail["group"][len("service:"):]))
         return outbox.append(self.conn, detail_type, resources, detail,
                              region=self.arns.region, account=self.arns.account, now=self.now, **envelope)
 

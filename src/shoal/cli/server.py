@@ -91,6 +91,9 @@ def server(
     agent_timeout: Annotated[float, typer.Option(help="Seconds without a poll before a host's agent counts as "
                                                       "disconnected (agents poll at least every 20 s).",
                                                  envvar="SHOAL_AGENT_TIMEOUT")] = 30.0,
+    service_healthy_after: Annotated[float, typer.Option(help="Seconds a service task without health checks must "
+                                                              "run before it counts as healthy (ECS waits 40).",
+                                                         envvar="SHOAL_SERVICE_HEALTHY_AFTER")] = 40.0,
 ) -> None:
     """Run the control plane (ECS JSON API, events, REST extras)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -101,7 +104,7 @@ def server(
                         auth=not insecure_no_auth, credentials={key_id: secret},
                         join_token=join_token or load_or_create_join_token(data_dir),
                         webhook_secret=webhook_secret or load_or_create_secret(data_dir, "webhook-secret"),
-                        agent_timeout=agent_timeout)
+                        agent_timeout=agent_timeout, service_healthy_after=service_healthy_after)
     capacity = capacity_controller(settings, provisioner, provisioner_launch, provisioner_terminate,
                                    provisioner_list, scale_in_after)
     capacity.server_url = advertise_url

@@ -1,6 +1,7 @@
 """The control loop of one server: after every commit, wake the agents and the placement of the
-clusters it concerns, and the event rules' dispatcher when events were written; on a slow tick, catch what no commit announced (a lost agent, capacity to
-scale, tasks that another server left waiting).
+clusters it concerns, the service scheduler for services whose tasks changed, and the event
+rules' dispatcher when events were written; on a slow tick, catch what no commit announced (a
+lost agent, capacity to scale, tasks that another server left waiting, services to resync).
 
 Reconcilers follow the controller pattern: observe, diff, act, each step idempotent, so running
 one twice, or on two servers at once, is harmless.
@@ -17,6 +18,7 @@ from sqlalchemy import select
 
 from shoal.api.agent import state as agent_state
 from shoal.api.operations import Context
+from shoal.control.services import ServiceScheduler
 from shoal.control.signals import HostSignals
 from shoal.domain.tasks import PENDING_STATES
 from shoal.scheduler.placement import place_pending
@@ -28,14 +30,18 @@ AGENT_TIMEOUT = 30.0  # an agent long-polls every 20 s at most: silence past thi
 
 
 class Hub:
-    def __init__(self, store, arns, *, capacity=None, dispatcher=None, agent_timeout: float = AGENT_TIMEOUT):
+    def __init__(self, store, arns, *, capacity=None, dispatcher=None, agent_timeout: float = AGENT_TIMEOUT,
+                 services: ServiceScheduler | None = None):
         self.store, self.arns, self.capacity, self.dispatcher = store, arns, capacity, dispatcher
+        self.services = services or ServiceScheduler()
         self.agent_timeout = agent_timeout
         self.signals = HostSignals()
         self.last_seen: dict[str, float] = {}
         self._dirty: set[str] = set()
         self._wake: asyncio.Event | None = None
         self._started = time.monotonic()
+        self._swept = float("-inf")
+        self._checked: dict[str, float] = {}  # host ARN -> when the sweep last found it overdue
 
     def committed(self, ctx: Context) -> None:
         """Called on the event loop after a unit of work committed."""
@@ -43,8 +49,9 @@ class Hub:
             self.signals.bump(ctx.touched_hosts)
         if self.dispatcher is not None and (ctx.emitted or ctx.rules_changed):
             self.dispatcher.wake()
-        if ctx.dirty_clusters:
+        if ctx.dirty_clusters or ctx.dirty_services:
             self._dirty |= ctx.dirty_clusters
+            self.services.mark(ctx.dirty_services)
             if self._wake is not None:
                 self._wake.set()
 
@@ -59,13 +66,16 @@ class Hub:
     async def run(self) -> None:
         self._wake = asyncio.Event()
         while True:
+            due = self.services.next_due()  # a service asked to be looked at again by then
+            timeout = TICK if due is None else min(TICK, max(due - time.monotonic(), 0.0))
             try:
-                await asyncio.wait_for(self._wake.wait(), TICK)
+                await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 self._dirty |= await self.store.read(_clusters_with_waiting_tasks)
             self._wake.clear()
             try:
                 await self._place()
+                await self.services.run_once(self)
                 await self._sweep_agents()
                 if self.capacity is not None:
                     await self.capacity.reconcile(self)
@@ -80,12 +90,22 @@ class Hub:
             await self.write(lambda ctx: place_pending(ctx, cluster))
 
     async def _sweep_agents(self) -> None:
+        """Mark lost the agents that stopped polling. At most once a tick, and only the hosts
+        this server has not heard from in time are read, so the sweep stays cheap with
+        thousands of hosts."""
         now = time.monotonic()
-        connected = await self.store.read(_connected_hosts)
-        for arn in connected:
-            if now - self.last_seen.get(arn, self._started) > self.agent_timeout:
-                log.warning("agent of %s is not polling: marking it disconnected", arn)
-                await self.write(lambda ctx, arn=arn: agent_state.disconnected(ctx, arn))
+        if now - self._swept < TICK:
+            return
+        self._swept = now
+        overdue = [arn for arn in await self.store.read(_live_hosts)
+                   if now - max(self.last_seen.get(arn, self._started), self._checked.get(arn, 0.0)) > self.agent_timeout]
+        if not overdue:
+            return
+        for arn in await self.store.read(lambda conn: _connected_hosts(conn, overdue)):
+            log.warning("agent of %s is not polling: marking it disconnected", arn)
+            await self.write(lambda ctx, arn=arn: agent_state.disconnected(ctx, arn))
+        for arn in overdue:  # checked: not read again until another timeout has passed
+            self._checked[arn] = now
 
 
 def _clusters_with_waiting_tasks(conn) -> set[str]:
@@ -94,6 +114,13 @@ def _clusters_with_waiting_tasks(conn) -> set[str]:
         tasks.c.last_status.in_(PENDING_STATES))).scalars())
 
 
-def _connected_hosts(conn) -> list[str]:
-    rows = conn.execute(select(cis.c.arn, cis.c.doc).where(cis.c.status != "INACTIVE")).all()
-    return [r.arn for r in rows if json.loads(r.doc).get("agentConnected")]
+def _live_hosts(conn) -> list[str]:
+    return list(conn.execute(select(cis.c.arn).where(cis.c.status != "INACTIVE")).scalars())
+
+
+def _connected_hosts(conn, arns: list[str]) -> list[str]:
+    connected = []
+    for start in range(0, len(arns), 500):
+        rows = conn.execute(select(cis.c.arn, cis.c.doc).where(cis.c.arn.in_(arns[start:start + 500]))).all()
+        connected += [r.arn for r in rows if json.loads(r.doc).get("agentConnected")]
+    return connected

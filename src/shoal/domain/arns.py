@@ -50,6 +50,16 @@ class ArnFactory:
     def container_instance(self, cluster: str, instance_id: str) -> str:
         return self.make("container-instance", f"{cluster}/{instance_id}")
 
+    def service(self, cluster: str, name: str) -> str:
+        return self.make("service", f"{cluster}/{name}")
+
+    # A deployment `ecs-svc/<n>` of a service has the revision and service deployment `<n>`.
+    def service_deployment(self, cluster: str, service: str, deployment_id: str) -> str:
+        return self.make("service-deployment", f"{cluster}/{service}/{deployment_id.rsplit('/', 1)[-1]}")
+
+    def service_revision(self, cluster: str, service: str, deployment_id: str) -> str:
+        return self.make("service-revision", f"{cluster}/{service}/{deployment_id.rsplit('/', 1)[-1]}")
+
 
 def is_arn(value: str) -> bool:
     return value.startswith("arn:")

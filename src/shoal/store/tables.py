@@ -84,6 +84,7 @@ tasks = Table(
     Index("ix_tasks_cluster_desired", "cluster_name", "desired_status", "created_at"),
     Index("ix_tasks_cluster_last", "cluster_name", "last_status"),
     Index("ix_tasks_instance", "container_instance_arn"),
+    Index("ix_tasks_service", "cluster_name", "service_name", "started_by"),
 )
 
 container_instances = Table(
@@ -106,6 +107,40 @@ container_instances = Table(
     UniqueConstraint("agent_token_hash", name="uq_container_instances_agent_token_hash"),
     Index("ix_container_instances_cluster_status", "cluster_name", "status"),
     Index("ix_container_instances_ec2", "ec2_instance_id"),
+)
+
+# ECS services (REPLICA). `doc` is the Service shape (counts are filled in when it is read);
+# `state` is what the service scheduler keeps for itself and the Service shape has no field for
+# (JSON: deployment bookkeeping, the last COMPLETED deployment, which episodes were announced).
+services = Table(
+    "services",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("cluster_name", String(255), nullable=False),
+    Column("status", String(32), nullable=False),  # ACTIVE | DRAINING | INACTIVE
+    Column("launch_type", String(32)),
+    Column("scheduling_strategy", String(32), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default="{}"),
+    UniqueConstraint("cluster_name", "name", name="uq_services_cluster_name"),
+    Index("ix_services_cluster_status", "cluster_name", "status"),
+)
+
+# One row per service deployment (the ServiceDeployment shape), newest first by `created_at`.
+service_deployments = Table(
+    "service_deployments",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("service_arn", String(512), nullable=False),
+    Column("cluster_name", String(255), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+    Index("ix_service_deployments_service", "service_arn", "created_at"),
 )
 
 # The transactional outbox. `seq` orders events within one writer; `txid` is the writing

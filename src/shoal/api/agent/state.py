@@ -266,6 +266,8 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
                          desired_status=doc["desiredStatus"], doc=dumps(doc))
         if state_changed:
             emit_task_change(ctx, doc)
+        elif row.service_name:  # health alone decides whether a service task counts as healthy
+            ctx.dirty_services.add((row.cluster_name, row.service_name))
         if doc["lastStatus"] == "STOPPED":
             release(ctx, host.arn, row.arn)
     return {"taskArn": row.arn, "lastStatus": doc["lastStatus"], "desiredStatus": doc["desiredStatus"],

@@ -13,7 +13,7 @@ from shoal.domain import arns
 from shoal.domain.errors import ApiError, InvalidParameter
 from shoal.domain.tasks import PENDING_STATES
 from shoal.store.db import update_versioned
-from shoal.store.tables import clusters, container_instances, tasks
+from shoal.store.tables import clusters, container_instances, services, tasks
 
 LIVE_INSTANCE_STATES = ("REGISTERING", "ACTIVE", "DRAINING")
 
@@ -52,8 +52,15 @@ def create_cluster(ctx: Context, req: dict) -> dict:
 
 
 def _counts(ctx: Context, names: list[str]) -> dict[str, dict[str, int]]:
-    counts = {n: {"registeredContainerInstancesCount": 0, "runningTasksCount": 0, "pendingTasksCount": 0}
-              for n in names}
+    counts = {n: {"registeredContainerInstancesCount": 0, "runningTasksCount": 0, "pendingTasksCount": 0,
+                  "activeServicesCount": 0} for n in names}
+    rows = ctx.conn.execute(
+        select(services.c.cluster_name, func.count())
+        .where(services.c.cluster_name.in_(names), services.c.status == "ACTIVE")
+        .group_by(services.c.cluster_name)
+    )
+    for cluster, n in rows:
+        counts[cluster]["activeServicesCount"] = n
     rows = ctx.conn.execute(
         select(container_instances.c.cluster_name, func.count())
         .where(container_instances.c.cluster_name.in_(names),
@@ -121,6 +128,12 @@ def delete_cluster(ctx: Context, req: dict) -> dict:
     if instances:
         raise ApiError("The cluster cannot be deleted while container instances are active or draining.",
                        "ClusterContainsContainerInstancesException")
+    live_services = ctx.conn.execute(
+        select(func.count()).where(services.c.cluster_name == row.name, services.c.status != "INACTIVE")
+    ).scalar_one()
+    if live_services:
+        raise ApiError("The cluster cannot be deleted while services are active or draining.",
+                       "ClusterContainsServicesException")
     live_tasks = ctx.conn.execute(
         select(func.count()).where(tasks.c.cluster_name == row.name, tasks.c.last_status != "STOPPED")
     ).scalar_one()

@@ -16,7 +16,6 @@ from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, query
 from shoal.domain.errors import InvalidParameter
 from shoal.domain.tasks import PENDING_STATES
-from shoal.events.changes import emit_task_change
 from shoal.events.envelope import CONTAINER_INSTANCE_STATE_CHANGE, event_detail, iso
 from shoal.store.db import update_versioned
 from shoal.store.tables import container_instances as cis, tasks
@@ -222,26 +221,23 @@ def update_container_instances_state(ctx: Context, req: dict) -> dict:
             emit_instance_change(ctx, cluster, doc)
             ctx.touched_hosts.add(row.arn)
             if status == "DRAINING":
-                _stop_service_tasks(ctx, row.arn)
+                _reschedule_services(ctx, cluster.name, row.arn)
             else:
                 ctx.dirty_clusters.add(cluster.name)  # room again for waiting tasks
         updated.append(_public(doc, None))
     return {"containerInstances": updated, "failures": failures}
 
 
-def _stop_service_tasks(ctx: Context, host_arn: str) -> None:
-    """Draining stops the host's service tasks (their services replace them elsewhere);
-    standalone tasks run on until they end, and nothing new lands on the host."""
-    rows = ctx.conn.execute(select(tasks).where(tasks.c.container_instance_arn == host_arn,
-                                                tasks.c.service_name.is_not(None),
-                                                tasks.c.desired_status != "STOPPED").with_for_update()).all()
-    for row in rows:
-        doc = json.loads(row.doc)
-        doc.update(desiredStatus="STOPPED", stopCode="ServiceSchedulerInitiated",
-                   stoppedReason="Task stopped during instance draining", stoppingAt=ctx.now,
-                   version=doc["version"] + 1)
-        update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, desired_status="STOPPED", doc=dumps(doc))
-        emit_task_change(ctx, doc)
+def _reschedule_services(ctx: Context, cluster_name: str, host_arn: str) -> None:
+    """The services with tasks on this host must look again: on a DRAINING host each service
+    task is replaced first (a new task placed elsewhere and healthy), then stopped, within the
+    service's minimumHealthyPercent and maximumPercent (shoal.control.services); on a
+    deregistered host its tasks are replaced at once. Standalone tasks run on until they end, and
+    nothing new lands on the host."""
+    names = ctx.conn.execute(select(tasks.c.service_name).distinct().where(
+        tasks.c.container_instance_arn == host_arn, tasks.c.service_name.is_not(None),
+        tasks.c.last_status != "STOPPED")).scalars()
+    ctx.dirty_services |= {(cluster_name, name) for name in names}
 
 
 @ecs.op("DeregisterContainerInstance")
@@ -261,4 +257,5 @@ def deregister_container_instance(ctx: Context, req: dict) -> dict:
     update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status="INACTIVE", doc=dumps(doc))
     emit_instance_change(ctx, cluster, doc)
     ctx.touched_hosts.add(row.arn)  # its agent learns it has left the cluster
+    _reschedule_services(ctx, cluster.name, row.arn)
     return {"containerInstance": _public(doc, None)}

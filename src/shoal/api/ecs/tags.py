@@ -10,7 +10,7 @@ from shoal.api.ecs.common import check_tags, merge_tags
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns
 from shoal.domain.errors import InvalidParameter, NotFound
-from shoal.store.tables import capacity_providers, clusters, container_instances, task_definitions, tasks
+from shoal.store.tables import capacity_providers, clusters, container_instances, services, task_definitions, tasks
 
 _TABLES = {
     "cluster": clusters,
@@ -18,6 +18,7 @@ _TABLES = {
     "task-definition": task_definitions,
     "task": tasks,
     "container-instance": container_instances,
+    "service": services,
 }
 
 
