@@ -43,7 +43,7 @@ from shoal.store.tables import container_instances as cis, services, tasks
 log = logging.getLogger(__name__)
 HEALTHY_AFTER = 40.0  # ECS: a task without health checks counts as healthy 40 s after RUNNING
 RESYNC = 10.0  # every live service is looked at this often even if nothing announced a change
-MAX_STARTS = 100  # tasks started per pass; the next pass (woken by their events) starts more
+MAX_STARTS = 500  # tasks started per pass (one unit of work); the next pass starts more
 RUNS = (*PENDING_STATES, "RUNNING")
 
 
@@ -73,33 +73,59 @@ def _has_health_check(td: dict) -> bool:
     return any(c.get("healthCheck") and c.get("essential", True) for c in td["containerDefinitions"])
 
 
-def _observe(ctx: Context, cluster: str, name: str) -> list[tuple[object, dict, dict]]:
-    """The service's tasks that have not stopped, each with its host ({status, connected}); tasks
-    on deregistered hosts are left out: nothing manages them any more (ECS orphans them)."""
+class Observed:
+    """One task of the service that has not stopped: its row, its host's status, and its document,
+    parsed only when a step needs more than the row's columns (a service may have thousands)."""
+
+    __slots__ = ("row", "host_status", "_doc")
+
+    def __init__(self, row, host_status: str | None):
+        self.row, self.host_status, self._doc = row, host_status, None
+
+    @property
+    def doc(self) -> dict:
+        if self._doc is None:
+            self._doc = json.loads(self.row.doc)
+        return self._doc
+
+
+def _observe(ctx: Context, cluster: str, name: str) -> list[Observed]:
+    """The service's tasks that have not stopped, each with its host's status; tasks on
+    deregistered hosts are left out: nothing manages them any more (ECS orphans them)."""
     rows = ctx.conn.execute(select(tasks).where(tasks.c.cluster_name == cluster, tasks.c.service_name == name,
                                                 tasks.c.last_status != "STOPPED")).all()
     host_arns = {r.container_instance_arn for r in rows if r.container_instance_arn}
-    hosts = {h.arn: {"status": h.status, "connected": json.loads(h.doc).get("agentConnected", False)}
-             for h in ctx.conn.execute(select(cis.c.arn, cis.c.status, cis.c.doc).where(cis.c.arn.in_(host_arns)))}
+    hosts = dict(ctx.conn.execute(select(cis.c.arn, cis.c.status).where(cis.c.arn.in_(host_arns))).all()) \
+        if host_arns else {}
     out = []
     for row in rows:
-        host = hosts.get(row.container_instance_arn) if row.container_instance_arn else {}
-        if host is None or host.get("status") == "INACTIVE":
-            continue
-        out.append((row, json.loads(row.doc), host))
+        host_status = hosts.get(row.container_instance_arn, "INACTIVE") if row.container_instance_arn else None
+        if host_status != "INACTIVE":
+            out.append(Observed(row, host_status))
     return out
 
 
-def _view(ctx: Context, row, doc: dict, host: dict, svc: dict, memory: Memory, outcome: Outcome) -> domain.TaskView:
-    wanted = doc["desiredStatus"] == "RUNNING"
+def _agent_connected(ctx: Context, host_arn: str | None) -> bool:
+    row = ctx.conn.execute(select(cis.c.doc).where(cis.c.arn == host_arn)).first() if host_arn else None
+    return bool(row and json.loads(row.doc).get("agentConnected"))
+
+
+def _view(ctx: Context, task: Observed, svc: dict, health_checked: dict[str, bool], memory: Memory,
+          outcome: Outcome) -> domain.TaskView:
+    row = task.row
+    wanted = row.desired_status == "RUNNING"
     healthy = unhealthy = False
-    if doc["lastStatus"] == "RUNNING":
+    if row.last_status == "RUNNING":
         outcome.running.add(row.arn)
         ran = memory.now - memory.running_since.get(row.arn, memory.now)
-        if _has_health_check(task_definition(ctx, doc["taskDefinitionArn"])):
-            healthy = doc.get("healthStatus") == "HEALTHY"
+        checked = health_checked.get(row.started_by)
+        if checked is None:  # a deployment no longer listed: ask its task definition
+            checked = _has_health_check(task_definition(ctx, task.doc["taskDefinitionArn"]))
+        if checked:
+            health = task.doc.get("healthStatus")
+            healthy = health == "HEALTHY"
             grace = svc.get("healthCheckGracePeriodSeconds") or 0
-            if doc.get("healthStatus") == "UNHEALTHY":
+            if health == "UNHEALTHY":
                 unhealthy = ran >= grace
                 if not unhealthy:
                     outcome.wake(grace - ran)
@@ -107,9 +133,9 @@ def _view(ctx: Context, row, doc: dict, host: dict, svc: dict, memory: Memory, o
             healthy = ran >= memory.healthy_after
             if wanted and not healthy:
                 outcome.wake(memory.healthy_after - ran)
-    return domain.TaskView(arn=row.arn, deployment=doc.get("startedBy") or "", wanted=wanted,
+    return domain.TaskView(arn=row.arn, deployment=row.started_by or "", wanted=wanted,
                            healthy=wanted and healthy, unhealthy=wanted and unhealthy,
-                           draining=host.get("status") == "DRAINING", created_at=doc.get("createdAt", 0.0))
+                           draining=task.host_status == "DRAINING", created_at=row.created_at or 0.0)
 
 
 def _failures(ctx: Context, cluster: str, name: str, deployment_id: str, healthy_after: float) -> int:
@@ -135,7 +161,9 @@ def reconcile(ctx: Context, cluster: str, name: str, memory: Memory) -> Outcome:
     svc, state = json.loads(row.doc), json.loads(row.state)
     doc_before, state_before = dumps(svc), dumps(state)
     observed = _observe(ctx, cluster, name)
-    views = [_view(ctx, r, d, h, svc, memory, outcome) for r, d, h in observed]
+    health_checked = {d["id"]: _has_health_check(task_definition(ctx, d["taskDefinition"]))
+                      for d in svc["deployments"]}
+    views = [_view(ctx, task, svc, health_checked, memory, outcome) for task in observed]
     desired = svc["desiredCount"] if svc["status"] == "ACTIVE" else 0
     primary = svc["deployments"][0]
     if svc["status"] == "ACTIVE" and primary["rolloutState"] == "IN_PROGRESS":
@@ -147,8 +175,8 @@ def reconcile(ctx: Context, cluster: str, name: str, memory: Memory) -> Outcome:
     plan = domain.plan(desired, svc["deploymentConfiguration"], primary["id"], views,
                        may_start=svc["status"] == "ACTIVE" and not failed and not holding,
                        scale_down_old=not failed)
-    by_arn = {r.arn: (r, d, h) for r, d, h in observed}
-    stopped = [_stop(ctx, *by_arn[arn], reason) for arn, reason in plan.stop]
+    by_arn = {task.row.arn: task for task in observed}
+    stopped = [_stop(ctx, by_arn[arn], reason) for arn, reason in plan.stop]
     started = _start(ctx, svc, primary, observed, min(plan.start, MAX_STARTS))
     if stopped:
         events.note(ctx, svc, f"has stopped {len(stopped)} running tasks: "
@@ -156,7 +184,8 @@ def reconcile(ctx: Context, cluster: str, name: str, memory: Memory) -> Outcome:
     if started:
         events.note(ctx, svc, f"has started {len(started)} tasks: "
                               + " ".join(f"(task {d['taskArn'].rsplit('/', 1)[-1]})" for d in started) + ".")
-    _placement_episode(ctx, svc, state, [d for _, d, _ in observed if d["taskArn"] not in stopped] + started)
+    _placement_episode(ctx, svc, state, [t.doc for t in observed if t.row.arn not in stopped and _unplaced(t.row)]
+                       + [d for d in started if not d.get("containerInstanceArn")])
     if svc["status"] == "ACTIVE" and primary["rolloutState"] == "IN_PROGRESS" \
             and domain.complete(desired, primary["id"], views):
         _completed(ctx, svc, state, primary)
@@ -166,7 +195,7 @@ def reconcile(ctx: Context, cluster: str, name: str, memory: Memory) -> Outcome:
                             if k in {d["id"] for d in svc["deployments"]}}
     _steady(ctx, svc, state, primary, desired, views, changed=bool(stopped or started))
     status = svc["status"]
-    if status == "DRAINING" and not any(d["lastStatus"] in RUNS for _, d, _ in observed):
+    if status == "DRAINING" and not any(t.row.last_status in RUNS for t in observed):
         status = svc["status"] = "INACTIVE"  # every task is stopping or stopped (ECS)
     if dumps(svc) != doc_before or dumps(state) != state_before:
         update_versioned(ctx.conn, services, {"arn": row.arn}, row.version, status=status, doc=dumps(svc),
@@ -257,6 +286,10 @@ def _steady(ctx: Context, svc: dict, state: dict, primary: dict, desired: int, v
     state["steady"] = now_steady
 
 
+def _unplaced(row) -> bool:
+    return row.desired_status == "RUNNING" and not row.container_instance_arn and row.last_status == "PENDING"
+
+
 def _placement_episode(ctx: Context, svc: dict, state: dict, docs: list[dict]) -> None:
     """SERVICE_TASK_PLACEMENT_FAILURE once per episode: from the first task that found no host
     until none of the service's tasks waits for one. Tasks that wait for a capacity provider to
@@ -275,9 +308,10 @@ def _placement_episode(ctx: Context, svc: dict, state: dict, docs: list[dict]) -
                           f"Reason: {'; '.join(reasons) or 'unknown'}.")
 
 
-def _stop(ctx: Context, row, doc: dict, host: dict, reason: str) -> str:
+def _stop(ctx: Context, task: Observed, reason: str) -> str:
     """Stop one task as the scheduler: at once if no agent has it, else through its agent."""
-    if doc["lastStatus"] in ("PROVISIONING", "PENDING") and not host.get("connected"):
+    row, doc = task.row, task.doc
+    if doc["lastStatus"] in ("PROVISIONING", "PENDING") and not _agent_connected(ctx, row.container_instance_arn):
         doc = stop_unstarted(doc, reason, "ServiceSchedulerInitiated", ctx.now)
         release(ctx, doc.get("containerInstanceArn"), doc["taskArn"])
     else:
@@ -310,9 +344,10 @@ def _start(ctx: Context, svc: dict, primary: dict, observed, count: int) -> list
                             service_name=svc["serviceName"])
     # Spread over the strategy's providers by base and weight, one task at a time.
     counts: dict[str, int] = {}
-    for row, doc, _ in observed:
-        if doc["desiredStatus"] == "RUNNING":
-            provider = doc.get("capacityProviderName") or next(
+    for task in observed:
+        row = task.row
+        if row.desired_status == "RUNNING":
+            provider = task.doc.get("capacityProviderName") or next(
                 iter(s["capacityProvider"] for s in json.loads(row.placement or "{}").get("capacityProviderStrategy",
                                                                                            [])), None)
             if provider:
