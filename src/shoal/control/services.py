@@ -43,7 +43,7 @@ from shoal.store.tables import container_instances as cis, services, tasks
 log = logging.getLogger(__name__)
 HEALTHY_AFTER = 40.0  # ECS: a task without health checks counts as healthy 40 s after RUNNING
 RESYNC = 10.0  # every live service is looked at this often even if nothing announced a change
-MAX_STARTS = 500  # tasks started per pass (one unit of work); the next pass starts more
+MAX_STARTS = 1000  # tasks started per pass (one unit of work, ~0.3 s); the next pass starts more
 RUNS = (*PENDING_STATES, "RUNNING")
 
 
