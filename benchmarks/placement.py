@@ -23,16 +23,28 @@ Prints one JSON object on stdout (progress on stderr). Results: BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
 import random
 import resource
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
+import httpx
 import numpy as np
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -121,16 +133,234 @@ def bench_engine(hosts: int, tasks: int, seed: int) -> dict:
     }
 
 
+# --- end to end ------------------------------------------------------------------------------------
+
+REGION, CLUSTER = "local", "bench"
+SERVICE_MAX = 5000  # ECS's most tasks per service
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def shoal_exe() -> list[str]:
+    exe = Path(sys.executable).with_name("shoal")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "shoal.cli.main"]
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+class Rig:
+    """A `shoal server` (SQLite) and a `shoal sim` fleet for it, both child processes."""
+
+    def __init__(self, tmp: Path, hosts: int):
+        self.tmp, self.hosts, self.port = tmp, hosts, free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.data = tmp / "server"
+        # Idle simulated hosts long-poll every 60 s (the server's longest wait): the agent
+        # timeout must be longer.
+        self.server = subprocess.Popen([*shoal_exe(), "server", "--port", str(self.port), "--data-dir",
+                                        str(self.data), "--agent-timeout", "150"],
+                                       stdout=open(tmp / "server.log", "ab"), stderr=subprocess.STDOUT)
+        self.sim: subprocess.Popen | None = None
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            if self.server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start: {(tmp / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+        self.creds = json.loads((self.data / "credentials.json").read_text())
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.endpoint + "/healthz", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def client(self, pool: int = 2):
+        return boto3.client("ecs", endpoint_url=self.endpoint, region_name=REGION,
+                            aws_access_key_id=self.creds["accessKeyId"],
+                            aws_secret_access_key=self.creds["secretAccessKey"],
+                            config=Config(retries={"max_attempts": 1}, max_pool_connections=pool,
+                                          read_timeout=300))
+
+    def start_fleet(self) -> float:
+        """Start `shoal sim` with the benchmark's mix; return seconds until every host is ACTIVE."""
+        hosts = []
+        for instance_type, count in fleet(self.hosts):
+            hosts += ["--hosts", f"{instance_type}:{count}" + (f":{CPU_HOST[1]}:{CPU_HOST[2]}"
+                                                                if instance_type == CPU_HOST[0] else "")]
+        log = open(self.tmp / "sim.log", "ab")
+        token = (self.data / "join-token").read_text().strip()
+        started = time.monotonic()
+        self.sim = subprocess.Popen([*shoal_exe(), "sim", "--server", self.endpoint, "--cluster", CLUSTER, *hosts,
+                                     "--zones", ",".join(ZONES), "--poll-wait", "60", "--stats-every", "5"],
+                                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "SHOAL_JOIN_TOKEN": token})
+        while "hosts ACTIVE after" not in (self.tmp / "sim.log").read_text():
+            if self.sim.poll() is not None or time.monotonic() - started > 900:
+                raise RuntimeError(f"the fleet did not come up: {(self.tmp / 'sim.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+    def events(self, after: str | None) -> tuple[list[dict], str | None]:
+        found, cursor = [], after
+        signer = SigV4Auth(Credentials(self.creds["accessKeyId"], self.creds["secretAccessKey"]), "ecs", REGION)
+        with httpx.Client(timeout=60) as http:
+            while True:
+                params = {"limit": 1000, **({"after": cursor} if cursor else {})}
+                url = str(httpx.URL(self.endpoint + "/v1/events", params=params))
+                request = AWSRequest(method="GET", url=url)
+                signer.add_auth(request)
+                page = http.get(url, headers=dict(request.headers.items())).raise_for_status().json()
+                if not page["events"] or page["cursor"] == cursor:
+                    return found, cursor
+                found += page["events"]
+                cursor = page["cursor"]
+
+    def stop(self) -> None:
+        for proc in (self.sim, self.server):
+            if proc and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def _placed_at(events: list[dict]) -> dict[str, float]:
+    """Task ARN -> epoch seconds of the change that gave it a host (its first such event)."""
+    out = {}
+    for event in events:
+        detail = event["detail"]
+        if event["detail-type"] == "ECS Task State Change" and detail.get("containerInstanceArn"):
+            when = datetime.datetime.fromisoformat(detail["updatedAt"].replace("Z", "+00:00")).timestamp()
+            out.setdefault(detail["taskArn"], when)
+    return out
+
+
+def register_definitions(ecs) -> dict[str, str]:
+    families = {}
+    for kind, (_, fields, _) in KINDS.items():
+        container = {"name": "main", "image": "sim", "cpu": fields["cpu"], "memory": fields["memory"]}
+        if "whole_gpus" in fields:
+            container["resourceRequirements"] = [{"type": "GPU", "value": "1"}]
+        if "mps_memory" in fields:
+            container["resourceRequirements"] = [{"type": "GPU", "sharingStrategy": {
+                "nvidiaMps": {"memory": fields["mps_memory"]["main"]}}}]
+        extra = {"requiresAttributes": [{"name": MPS_ATTRIBUTE}]} if kind == "mps" else {}
+        families[kind] = ecs.register_task_definition(family=f"bench-{kind}", containerDefinitions=[container],
+                                                      **extra)["taskDefinition"]["taskDefinitionArn"]
+    return families
+
+
+def constraints(kind: str) -> list[dict]:
+    return [{"type": "memberOf", "expression": KINDS[kind][2]}]
+
+
+def bench_run_task(rig: Rig, families: dict, tasks: int, clients: int, seed: int) -> dict:
+    """Tasks placed by RunTask calls of count 10, from `clients` threads."""
+    ecs = [rig.client() for _ in range(clients)]
+    kinds = task_kinds(tasks // 10, seed)
+    latencies: list[float] = []
+
+    def call(i: int) -> int:
+        kind = kinds[i]
+        t0 = time.perf_counter()
+        resp = ecs[i % clients].run_task(cluster=CLUSTER, taskDefinition=families[kind], count=10,
+                                         placementStrategy=STRATEGY, placementConstraints=constraints(kind),
+                                         group=f"run:{kind}")
+        latencies.append(time.perf_counter() - t0)
+        return sum(1 for t in resp["tasks"] if t.get("containerInstanceArn"))
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        placed = sum(pool.map(call, range(len(kinds))))
+    elapsed = time.perf_counter() - started
+    return {"tasks": len(kinds) * 10, "placed_at_once": placed, "clients": clients,
+            "placements_per_s": round(placed / elapsed), "call_p50_ms": round(percentile(latencies, 50) * 1000, 1),
+            "call_p99_ms": round(percentile(latencies, 99) * 1000, 1)}
+
+
+def bench_services(rig: Rig, families: dict, tasks: int) -> dict:
+    """Tasks placed by service scale-ups: CreateService calls (desiredCount up to 5,000 each) for
+    `tasks` in all, split by kind; timed until the last one has a host (from the event log)."""
+    ecs = rig.client()
+    _, cursor = rig.events(None)
+    desired = {}
+    for kind, (share, _, _) in KINDS.items():
+        left, n = round(share * tasks), 0
+        while left > 0:
+            desired[f"svc-{kind}-{n}"] = (kind, min(left, SERVICE_MAX))
+            left, n = left - SERVICE_MAX, n + 1
+    started = time.time()
+    for name, (kind, count) in desired.items():
+        ecs.create_service(cluster=CLUSTER, serviceName=name, taskDefinition=families[kind], desiredCount=count,
+                           placementStrategy=STRATEGY, placementConstraints=constraints(kind))
+    calls_done = time.time() - started
+    total, deadline = sum(c for _, c in desired.values()), time.monotonic() + 900
+    while True:
+        time.sleep(2)
+        running = 0
+        names = list(desired)
+        for i in range(0, len(names), 10):
+            running += sum(s["runningCount"] for s in ecs.describe_services(
+                cluster=CLUSTER, services=names[i:i + 10])["services"])
+        if running >= total or time.monotonic() > deadline:
+            break
+    events, _ = rig.events(cursor)
+    placed = _placed_at(events)
+    last = max(placed.values(), default=started)
+    return {"services": len(desired), "tasks": total, "placed": len(placed), "running": running,
+            "create_calls_s": round(calls_done, 2), "all_placed_after_s": round(last - started, 2),
+            "placements_per_s": round(len(placed) / max(last - started, 1e-9))}
+
+
+def bench_e2e(hosts: int, run_task_tasks: int, service_tasks: int, clients: int, seed: int) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="shoal-placement-"))
+    rig = Rig(tmp, hosts)
+    try:
+        rig.client().create_cluster(clusterName=CLUSTER)
+        say(f"end to end: {hosts} simulated hosts joining")
+        active_after = rig.start_fleet()
+        say(f"all hosts ACTIVE after {active_after:.1f} s")
+        families = register_definitions(rig.client())
+        say(f"RunTask: {run_task_tasks} tasks, count 10, {clients} clients")
+        run_task = bench_run_task(rig, families, run_task_tasks, clients, seed)
+        say(f"services: {service_tasks} tasks")
+        services = bench_services(rig, families, service_tasks)
+        return {"hosts": hosts, "fleet_active_after_s": round(active_after, 1), "run_task": run_task,
+                "services": services, "server_peak_rss_mib": peak_rss_mib(rig.server.pid),
+                "sim_peak_rss_mib": peak_rss_mib(rig.sim.pid)}
+    finally:
+        rig.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=10_000)
-    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--tasks", type=int, default=100_000, help="tasks placed by the engine alone")
+    parser.add_argument("--e2e-tasks", type=int, default=100_000,
+                        help="tasks placed end to end: half by RunTask, half by services")
+    parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--skip-e2e", action="store_true")
     args = parser.parse_args()
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{os.cpu_count()} vCPU, {platform.machine()}, Python {platform.python_version()}",
               "engine": bench_engine(args.hosts, args.tasks, args.seed)}
+    if not args.skip_e2e:
+        half = args.e2e_tasks // 2
+        result["end_to_end"] = bench_e2e(args.hosts, half, args.e2e_tasks - half, args.clients, args.seed)
     print(json.dumps(result, indent=2))
 
 
