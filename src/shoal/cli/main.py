@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shoal.cli import agent, catalog, events, logs, rules, server, up
+from shoal.cli import agent, catalog, events, logs, rules, server, sim, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="shoal: a self-hosted orchestrator for GPU fleets that speaks the Amazon ECS API.")
@@ -12,6 +12,7 @@ app.command("server")(server.server)
 app.command("up")(up.up)
 app.command("agent")(agent.agent)
 app.command("logs")(logs.logs)
+app.command("sim")(sim.sim)
 app.add_typer(events.app, name="events")
 app.add_typer(rules.app, name="rules")
 app.add_typer(catalog.app, name="catalog")
