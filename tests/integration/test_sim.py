@@ -184,7 +184,8 @@ def test_shoal_sim_command_runs_a_fleet_until_interrupted(server, ecs):
     ecs.create_cluster(clusterName="cli")
     proc = subprocess.Popen(
         [sys.executable, "-m", "shoal", "sim", "--server", server.endpoint, "--cluster", "cli",
-         "--hosts", "g5.xlarge:3", "--hosts", "p4d.24xlarge:2", "--zones", "x,y", "--run-time", "1",
+         "--hosts", "g5.xlarge:3", "--hosts", "p4d.24xlarge:2", "--hosts", "cpu.large:1:4:16",
+         "--zones", "x,y", "--run-time", "1",
          "--poll-wait", str(POLL_WAIT), "--prefix", "cli-sim", "--stats-every", "1"],
         env={**os.environ, "SHOAL_JOIN_TOKEN": join_token(server)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
@@ -192,19 +193,22 @@ def test_shoal_sim_command_runs_a_fleet_until_interrupted(server, ecs):
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any("all 5 hosts ACTIVE" in line for line in lines), timeout=20,
-                 message="`shoal sim` to say that its five hosts are ACTIVE")
-        assert len(ecs.list_container_instances(cluster="cli", status="ACTIVE")["containerInstanceArns"]) == 5
+        wait_for(lambda: any("all 6 hosts ACTIVE" in line for line in lines), timeout=20,
+                 message="`shoal sim` to say that its six hosts are ACTIVE")
+        assert len(ecs.list_container_instances(cluster="cli", status="ACTIVE")["containerInstanceArns"]) == 6
         hosts = describe_hosts_in(ecs, "cli")
-        assert sorted(h["ec2InstanceId"] for h in hosts) == [f"cli-sim-{i:05d}" for i in range(5)]
-        assert collections.Counter(attrs(h)["ecs.availability-zone"] for h in hosts) == {"x": 3, "y": 2}
+        assert sorted(h["ec2InstanceId"] for h in hosts) == [f"cli-sim-{i:05d}" for i in range(6)]
+        assert collections.Counter(attrs(h)["ecs.availability-zone"] for h in hosts) == {"x": 4, "y": 2}
+        [cpu_only] = [h for h in hosts if attrs(h)["ecs.instance-type"] == "cpu.large"]  # NAME:COUNT:VCPUS:GIB
+        assert (resource(cpu_only, "CPU"), resource(cpu_only, "MEMORY")) == (4 * 1024, 16 * 1024)
+        assert cpu_only["gpuDevices"] == [] and "ecs.capability.gpu-sharing-mps" not in attrs(cpu_only)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
         reader.join(5)
     out = "".join(lines)
     assert proc.returncode == 0, out
-    assert "5 hosts registered" in out and "stopped; the hosts stay registered" in out, out
+    assert "6 hosts registered" in out and "stopped; the hosts stay registered" in out, out
 
 
 def describe_hosts_in(ecs, cluster: str) -> list[dict]:

@@ -46,10 +46,12 @@ def architecture() -> str:
 def registration(*, cluster: str, capacity_provider: str | None, host: str, instance_type: str | None,
                  availability_zone: str | None = None,
                  simulate: bool, gpus: list[Gpu], attributes: dict[str, str], enforced: dict[str, bool],
-                 runtime: str, version: str, mps: bool = False) -> dict:
+                 runtime: str, version: str, mps: bool = False,
+                 shape: tuple[int, float] | None = None) -> dict:
+    """`shape` (vCPUs, GiB) simulates a host of a type the catalog does not have (CPU-only)."""
     if simulate:
-        spec = catalog.get(instance_type)
-        cpu, memory = spec.vcpus * 1024, int(spec.memory_gib * 1024)
+        vcpus, memory_gib = shape or (catalog.get(instance_type).vcpus, catalog.get(instance_type).memory_gib)
+        cpu, memory = vcpus * 1024, int(memory_gib * 1024)
     else:
         cpu, memory = (os.cpu_count() or 1) * 1024, memory_mib()
     attrs = [{"name": k, "value": v} for k, v in attributes.items()]

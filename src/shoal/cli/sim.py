@@ -17,11 +17,13 @@ def _specs(hosts: list[str], capacity_provider: str | None, zones: list[str], at
 
     specs = []
     for item in hosts:
-        name, sep, count = item.rpartition(":")
-        if not sep or not name or not count.isdigit():
-            raise typer.BadParameter(f"expected TYPE:COUNT, got {item!r}", param_hint="--hosts")
+        parts = item.split(":")
+        if len(parts) not in (2, 4) or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+            raise typer.BadParameter(f"expected TYPE:COUNT or NAME:COUNT:VCPUS:GIB, got {item!r}",
+                                     param_hint="--hosts")
+        name, count, shape = parts[0], int(parts[1]), [int(p) for p in parts[2:]] or [None, None]
         try:
-            specs.append(HostSpec(name, int(count), capacity_provider, zones, attributes))
+            specs.append(HostSpec(name, count, capacity_provider, zones, attributes, *shape))
         except catalog.UnknownInstanceType as err:
             raise typer.BadParameter(str(err), param_hint="--hosts") from None
     return specs
@@ -56,7 +58,8 @@ async def _run(fleet, every: float) -> None:
 
 def sim(
     hosts: Annotated[list[str], typer.Option(help="TYPE:COUNT, a catalog instance type (`shoal catalog list`) "
-                                                  "and how many hosts of it (repeatable).")],
+                                                  "and how many hosts of it, or NAME:COUNT:VCPUS:GIB for "
+                                                  "CPU-only hosts (repeatable).")],
     server: Annotated[str, typer.Option(help="The control plane's URL.", envvar="SHOAL_SERVER")],
     join_token: Annotated[str, typer.Option(help="The cluster's join token (the server's <data-dir>/join-token).",
                                             envvar="SHOAL_JOIN_TOKEN")],

@@ -29,15 +29,21 @@ from shoal.sim.model import TaskModel
 
 @dataclass(frozen=True)
 class HostSpec:
-    """`count` hosts of `instance_type` (a catalog type); zones are dealt round-robin."""
+    """`count` hosts of `instance_type` (a catalog type); zones are dealt round-robin. With
+    `vcpus` and `memory_gib`, a CPU-only host of any type name (the catalog has GPU types only)."""
     instance_type: str
     count: int
     capacity_provider: str | None = None
     zones: Sequence[str] = ()
     attributes: Mapping[str, str] = field(default_factory=dict)
+    vcpus: int | None = None
+    memory_gib: float | None = None
 
     def __post_init__(self):
-        catalog.get(self.instance_type)  # UnknownInstanceType (a KeyError) names close matches
+        if (self.vcpus is None) != (self.memory_gib is None):
+            raise ValueError(f"{self.instance_type}: give both vcpus and memory_gib, or neither")
+        if self.vcpus is None:
+            catalog.get(self.instance_type)  # UnknownInstanceType (a KeyError) names close matches
         if self.count < 0:
             raise ValueError(f"{self.instance_type}: count must be >= 0, got {self.count}")
 
@@ -73,7 +79,8 @@ class SimFleet:
                 self.hosts.append(SimHost(
                     index=index, host_id=f"{self.prefix}-{index:05d}", cluster=cluster,
                     instance_type=spec.instance_type, zone=spec.zones[i % len(spec.zones)] if spec.zones else None,
-                    capacity_provider=spec.capacity_provider, attributes=dict(spec.attributes), model=self.model))
+                    capacity_provider=spec.capacity_provider, attributes=dict(spec.attributes), model=self.model,
+                    shape=(spec.vcpus, spec.memory_gib) if spec.vcpus is not None else None))
         self.emulator = Emulator(server_url, join_token, self.hosts, poll_wait=poll_wait, heartbeat=heartbeat,
                                  concurrency=concurrency, seed=self.model.seed)
         self._loop: asyncio.AbstractEventLoop | None = None

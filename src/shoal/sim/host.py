@@ -79,10 +79,12 @@ class SimHost:
 
     def __init__(self, *, index: int, host_id: str, cluster: str, instance_type: str, zone: str | None,
                  capacity_provider: str | None, attributes: dict[str, str], model: TaskModel,
-                 report: Callable[["SimHost", dict], None] | None = None):
+                 report: Callable[["SimHost", dict], None] | None = None,
+                 shape: tuple[int, float] | None = None):
         self.index, self.host_id, self.cluster = index, host_id, cluster
         self.instance_type, self.zone, self.capacity_provider = instance_type, zone, capacity_provider
         self.attributes, self.model, self._report = attributes, model, report
+        self.shape = shape  # (vCPUs, GiB) of a CPU-only host the catalog does not list
         self.arn: str | None = None        # the container instance ARN, once registered
         self.token: str | None = None      # the host's own credential, once registered
         self.status: str | None = None     # as the latest poll answered (REGISTERING, ACTIVE, …)
@@ -95,6 +97,8 @@ class SimHost:
 
     # -- registration ------------------------------------------------------------------------
     def gpus(self) -> list[Gpu]:
+        if self.shape is not None:
+            return []
         spec = catalog.get(self.instance_type).gpu
         if spec is None:
             return []
@@ -108,7 +112,7 @@ class SimHost:
                             instance_type=self.instance_type, availability_zone=self.zone, simulate=True,
                             gpus=self.gpus(), attributes=self.attributes,
                             enforced={"memory": False, "cpu": False}, runtime="simulated", version=version,
-                            mps=True)
+                            mps=True, shape=self.shape)
 
     # -- desired state -----------------------------------------------------------------------
     def reconcile(self, desired: list[dict]) -> None:
