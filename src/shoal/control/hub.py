@@ -40,7 +40,8 @@ class Hub:
         self._dirty: set[str] = set()
         self._wake: asyncio.Event | None = None
         self._started = time.monotonic()
-        self._swept = float("-inf")
+        self._swept = self._listed = float("-inf")
+        self._live: set[str] = set()  # hosts not INACTIVE, as last listed
         self._checked: dict[str, float] = {}  # host ARN -> when the sweep last found it overdue
 
     def committed(self, ctx: Context) -> None:
@@ -90,14 +91,17 @@ class Hub:
             await self.write(lambda ctx: place_pending(ctx, cluster))
 
     async def _sweep_agents(self) -> None:
-        """Mark lost the agents that stopped polling. At most once a tick, and only the hosts
-        this server has not heard from in time are read, so the sweep stays cheap with
-        thousands of hosts."""
+        """Mark lost the agents that stopped polling. Once a tick, from memory: when this server
+        last heard from each host. The list of live hosts (to learn of those this server has
+        never heard from) is read again only every half agent timeout, and only overdue hosts'
+        rows are read, so the sweep stays cheap with thousands of hosts."""
         now = time.monotonic()
         if now - self._swept < TICK:
             return
         self._swept = now
-        overdue = [arn for arn in await self.store.read(_live_hosts)
+        if now - self._listed > self.agent_timeout / 2:
+            self._listed, self._live = now, set(await self.store.read(_live_hosts))
+        overdue = [arn for arn in self._live | self.last_seen.keys()
                    if now - max(self.last_seen.get(arn, self._started), self._checked.get(arn, 0.0)) > self.agent_timeout]
         if not overdue:
             return
@@ -121,6 +125,7 @@ def _live_hosts(conn) -> list[str]:
 def _connected_hosts(conn, arns: list[str]) -> list[str]:
     connected = []
     for start in range(0, len(arns), 500):
-        rows = conn.execute(select(cis.c.arn, cis.c.doc).where(cis.c.arn.in_(arns[start:start + 500]))).all()
+        rows = conn.execute(select(cis.c.arn, cis.c.doc).where(cis.c.arn.in_(arns[start:start + 500]),
+                                                               cis.c.status != "INACTIVE")).all()
         connected += [r.arn for r in rows if json.loads(r.doc).get("agentConnected")]
     return connected

@@ -34,7 +34,10 @@ from shoal.store.tables import container_instances as cis, task_definitions, tas
 
 PENDING_REASON = "shoal:pending-reason"
 BATCH = 5000  # waiting tasks placed per unit of work by the control loop
-SYNC_INTERVAL = 0.5  # seconds a host table may go without comparing versions with the database
+# Seconds a host table may go without comparing versions with the database. It only delays
+# seeing new room (tasks that wait are placed by the control loop, which syncs first); what is
+# gone is caught when the decision is written.
+SYNC_INTERVAL = 2.0
 _definitions: dict[str, dict] = {}  # task definitions never change once registered (status aside)
 _plans: dict[str, Plan] = {}
 _tables: dict[tuple[int, str], "_ClusterHosts"] = {}

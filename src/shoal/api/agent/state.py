@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, select, update
 
 from shoal.api.ecs.common import cluster_row
 from shoal.api.ecs.container_instances import HEALTH_CHECKS, emit_instance_change, initial_health
@@ -17,7 +17,8 @@ from shoal.domain import arns
 from shoal.domain.errors import AuthError, InvalidParameter
 from shoal.events.changes import emit_task_change
 from shoal.scheduler.placement import release, task_definition
-from shoal.store.db import update_versioned
+from shoal.store.db import StaleWrite, update_versioned
+from shoal.store.prepared import Prepared
 from shoal.store.tables import capacity_providers, container_instances as cis, tasks
 
 HOST_ID_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
@@ -31,6 +32,21 @@ TASK_TIMES = ("pullStartedAt", "pullStoppedAt", "startedAt", "connectivityAt", "
               "executionStoppedAt", "stoppedAt")
 CHECK_STATUSES = ("OK", "IMPAIRED", "INSUFFICIENT_DATA", "INITIALIZING")
 
+# Every poll and every report runs these (thousands of hosts): see shoal.store.prepared. A host
+# is read without its allocations, the one column that grows with its tasks.
+_HOST_COLUMNS = (cis.c.arn, cis.c.cluster_name, cis.c.status, cis.c.version, cis.c.doc)
+_HOST_BY_TOKEN = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash")))
+_HOST_BY_TOKEN_FOR_UPDATE = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash"))
+                                     .with_for_update())
+_HOST_STATUS = Prepared(select(cis.c.status).where(cis.c.arn == bindparam("host")))
+_TASKS_ON_HOST = Prepared(select(tasks.c.doc).where(tasks.c.container_instance_arn == bindparam("host"),
+                                                    tasks.c.last_status != "STOPPED"))
+_TASK_FOR_UPDATE = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.container_instance_arn, tasks.c.doc)
+                            .where(tasks.c.arn == bindparam("task")).with_for_update())
+_WRITE_TASK = Prepared(update(tasks).where(tasks.c.arn == bindparam("task"), tasks.c.version == bindparam("expected"))
+                       .values(version=bindparam("next_version"), last_status=bindparam("new_last_status"),
+                               desired_status=bindparam("new_desired_status"), doc=bindparam("new_doc")))
+
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -41,8 +57,9 @@ def _denied(message: str) -> AuthError:
 
 
 def host_for_token(ctx: Context, token: str, *, for_update: bool = False):
-    stmt = select(cis).where(cis.c.agent_token_hash == token_hash(token))
-    row = ctx.conn.execute(stmt.with_for_update() if for_update else stmt).first()
+    """The host row (arn, cluster_name, status, version, doc) that this credential belongs to."""
+    row = (_HOST_BY_TOKEN_FOR_UPDATE if for_update else _HOST_BY_TOKEN).first(ctx.conn,
+                                                                              {"token_hash": token_hash(token)})
     if row is None or row.status == "INACTIVE":
         raise _denied("The host credential is not valid (unknown, or the host was deregistered).")
     return row
@@ -174,9 +191,8 @@ def disconnected(ctx: Context, host_arn: str) -> None:
 
 def desired_state(ctx: Context, host_arn: str) -> dict:
     """What the host's agent should run: every task on it that has not stopped."""
-    host = ctx.conn.execute(select(cis.c.status, cis.c.doc).where(cis.c.arn == host_arn)).first()
-    rows = ctx.conn.execute(select(tasks.c.doc).where(tasks.c.container_instance_arn == host_arn,
-                                                      tasks.c.last_status != "STOPPED")).all()
+    host = _HOST_STATUS.first(ctx.conn, {"host": host_arn})
+    rows = _TASKS_ON_HOST.all(ctx.conn, {"host": host_arn})
     out = []
     for (text,) in rows:
         doc = json.loads(text)
@@ -230,7 +246,7 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
     arn = update.get("taskArn")
     if not isinstance(arn, str) or not arn:
         raise InvalidParameter("Invalid parameter 'updates[].taskArn': required, the task's ARN.")
-    row = ctx.conn.execute(select(tasks).where(tasks.c.arn == arn).with_for_update()).first()
+    row = _TASK_FOR_UPDATE.first(ctx.conn, {"task": arn})
     if row is None or row.container_instance_arn != host.arn:
         raise _denied(f"Task '{arn}' is not on this host: a host's credential reaches its own tasks only.")
     doc = json.loads(row.doc)
@@ -262,8 +278,10 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
         state_changed = _state(doc) != state_before
         if state_changed:
             doc["version"] += 1
-        update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],
-                         desired_status=doc["desiredStatus"], doc=dumps(doc))
+        if _WRITE_TASK.run(ctx.conn, {"task": row.arn, "expected": row.version, "next_version": row.version + 1,
+                                      "new_last_status": doc["lastStatus"], "new_desired_status": doc["desiredStatus"],
+                                      "new_doc": dumps(doc)}) != 1:
+            raise StaleWrite(f"task {row.arn} changed concurrently")
         if state_changed:
             emit_task_change(ctx, doc)
         elif row.service_name:  # health alone decides whether a service task counts as healthy
@@ -319,10 +337,10 @@ def report(ctx: Context, token: str, body: dict) -> dict:
     if not isinstance(updates, list):
         raise InvalidParameter("Invalid parameter 'updates': expected a list of task snapshots.")
     results = {}
-    for update in updates:
-        if not isinstance(update, dict):
+    for snapshot in updates:
+        if not isinstance(snapshot, dict):
             raise InvalidParameter("Invalid parameter 'updates[]': expected an object.")
-        state = apply_report(ctx, host, update)
+        state = apply_report(ctx, host, snapshot)
         results[state["taskArn"]] = state
     if body.get("health"):
         if not isinstance(body["health"], dict):
