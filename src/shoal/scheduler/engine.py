@@ -494,7 +494,7 @@ class HostTable:
         uuids = [u for u, _ in self.hosts[i].gpus]
         gpus, ids = {}, {}
         if need.whole_gpus:
-            idle = iter([uuids[g] for g in range(len(uuids)) if self.gpu_mode[i, g] == IDLE])
+            idle = iter([uuids[g] for g, mode in enumerate(self.gpu_mode[i, :len(uuids)].tolist()) if mode == IDLE])
             for name, n in need.whole_gpus.items():
                 ids[name] = [next(idle) for _ in range(len(uuids) if n == ALL_GPUS else n)]
                 for uuid in ids[name]:
@@ -502,10 +502,11 @@ class HostTable:
         if need.mps_memory:
             memory, clients = sum(need.mps_memory.values()), len(need.mps_memory)
             # Prefer a GPU already shared, the fullest that fits, so idle GPUs stay whole.
+            mode, free = self.gpu_mode[i].tolist(), self.gpu_free[i].tolist()
+            users = self.gpu_clients[i].tolist()
             best = min((g for g in range(len(uuids))
-                        if self.gpu_mode[i, g] in (IDLE, MPS) and self.gpu_free[i, g] >= memory
-                        and self.gpu_clients[i, g] + clients <= MAX_MPS_CLIENTS),
-                       key=lambda g: (self.gpu_mode[i, g] == IDLE, self.gpu_free[i, g]))
+                        if mode[g] in (IDLE, MPS) and free[g] >= memory and users[g] + clients <= MAX_MPS_CLIENTS),
+                       key=lambda g: (mode[g] == IDLE, free[g]))
             gpus[uuids[best]] = {"mode": "mps", "containers": clients, "memory": memory}
             ids.update({name: [uuids[best]] for name in need.mps_memory})
         return gpus, ids
