@@ -49,7 +49,8 @@ from botocore.credentials import Credentials
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shoal import catalog  # noqa: E402
-from shoal.scheduler.engine import Decision, HostInfo, HostTable, Plan  # noqa: E402
+from shoal.scheduler.engine import Decision, HostTable, Plan  # noqa: E402
+from shoal.scheduler.hosts import HostInfo  # noqa: E402
 from shoal.scheduler.resources import Demand  # noqa: E402
 
 ZONES = ("az-1", "az-2", "az-3")

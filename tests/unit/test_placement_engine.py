@@ -14,7 +14,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from shoal.domain import query
-from shoal.scheduler.engine import Decision, HostInfo, HostTable, Plan
+from shoal.scheduler.engine import Decision, HostTable, Plan
+from shoal.scheduler.hosts import HostInfo
 from shoal.scheduler.resources import Demand, HostCapacity, overbooked
 
 ZONES = ["az-a", "az-b", "az-c"]

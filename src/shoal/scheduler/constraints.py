@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shoal.domain import query
+from shoal.scheduler.hosts import AGENT_VERSION, EC2_INSTANCE_ID
 
 if TYPE_CHECKING:
     from shoal.scheduler.engine import HostTable
@@ -46,8 +47,6 @@ def _positive(c: query.Comparison, table: "HostTable", cand: np.ndarray) -> np.n
     exists = c.operator in ("exists", "!exists")
     subject = c.subject
     if subject.startswith("attribute:") or subject in ("agentVersion", "ec2InstanceId"):
-        from shoal.scheduler.engine import AGENT_VERSION, EC2_INSTANCE_ID
-
         name = {"agentVersion": AGENT_VERSION, "ec2InstanceId": EC2_INSTANCE_ID}.get(subject) \
             or subject[len("attribute:"):]
         column = table._column(name)

@@ -26,7 +26,8 @@ from sqlalchemy import bindparam, event, select, update
 from shoal.api.operations import Context, dumps
 from shoal.domain.tasks import PENDING_STATES
 from shoal.events.changes import emit_task_change
-from shoal.scheduler.engine import Decision, HostInfo, HostTable, Plan
+from shoal.scheduler.engine import Decision, HostTable, Plan
+from shoal.scheduler.hosts import HostInfo
 from shoal.scheduler.resources import HostCapacity, demand, overbooked
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared

@@ -42,8 +42,7 @@ _HOST_STATUS = Prepared(select(cis.c.status).where(cis.c.arn == bindparam("host"
 _TASKS_ON_HOST = Prepared(select(tasks.c.doc).where(tasks.c.container_instance_arn == bindparam("host"),
                                                     tasks.c.last_status != "STOPPED"))
 _TASK_FOR_UPDATE = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.container_instance_arn, tasks.c.cluster_name,
-                                   tasks.c.service_name,
-                                   tasks.c.doc)
+                                   tasks.c.service_name, tasks.c.doc)
                             .where(tasks.c.arn == bindparam("task")).with_for_update())
 _WRITE_TASK = Prepared(update(tasks).where(tasks.c.arn == bindparam("task"), tasks.c.version == bindparam("expected"))
                        .values(version=bindparam("next_version"), last_status=bindparam("new_last_status"),
