@@ -74,26 +74,31 @@ def _has_health_check(td: dict) -> bool:
 
 
 class Observed:
-    """One task of the service that has not stopped: its row, its host's status, and its document,
-    parsed only when a step needs more than the row's columns (a service may have thousands)."""
+    """One task of the service that has not stopped: its row's columns, its host's status, and
+    its document, read and parsed only when a step needs it (a service may have thousands)."""
 
-    __slots__ = ("row", "host_status", "_doc")
+    __slots__ = ("ctx", "row", "host_status", "_doc")
 
-    def __init__(self, row, host_status: str | None):
-        self.row, self.host_status, self._doc = row, host_status, None
+    def __init__(self, ctx: Context, row, host_status: str | None):
+        self.ctx, self.row, self.host_status, self._doc = ctx, row, host_status, None
 
     @property
     def doc(self) -> dict:
         if self._doc is None:
-            self._doc = json.loads(self.row.doc)
+            text = self.ctx.conn.execute(select(tasks.c.doc).where(tasks.c.arn == self.row.arn)).scalar_one()
+            self._doc = json.loads(text)
         return self._doc
+
+
+_COLUMNS = (tasks.c.arn, tasks.c.version, tasks.c.last_status, tasks.c.desired_status, tasks.c.started_by,
+            tasks.c.created_at, tasks.c.container_instance_arn, tasks.c.placement)
 
 
 def _observe(ctx: Context, cluster: str, name: str) -> list[Observed]:
     """The service's tasks that have not stopped, each with its host's status; tasks on
     deregistered hosts are left out: nothing manages them any more (ECS orphans them)."""
-    rows = ctx.conn.execute(select(tasks).where(tasks.c.cluster_name == cluster, tasks.c.service_name == name,
-                                                tasks.c.last_status != "STOPPED")).all()
+    rows = ctx.conn.execute(select(*_COLUMNS).where(tasks.c.cluster_name == cluster, tasks.c.service_name == name,
+                                                    tasks.c.last_status != "STOPPED")).all()
     host_arns = {r.container_instance_arn for r in rows if r.container_instance_arn}
     hosts = dict(ctx.conn.execute(select(cis.c.arn, cis.c.status).where(cis.c.arn.in_(host_arns))).all()) \
         if host_arns else {}
@@ -101,7 +106,7 @@ def _observe(ctx: Context, cluster: str, name: str) -> list[Observed]:
     for row in rows:
         host_status = hosts.get(row.container_instance_arn, "INACTIVE") if row.container_instance_arn else None
         if host_status != "INACTIVE":
-            out.append(Observed(row, host_status))
+            out.append(Observed(ctx, row, host_status))
     return out
 
 
@@ -184,8 +189,9 @@ def reconcile(ctx: Context, cluster: str, name: str, memory: Memory) -> Outcome:
     if started:
         events.note(ctx, svc, f"has started {len(started)} tasks: "
                               + " ".join(f"(task {d['taskArn'].rsplit('/', 1)[-1]})" for d in started) + ".")
-    _placement_episode(ctx, svc, state, [t.doc for t in observed if t.row.arn not in stopped and _unplaced(t.row)]
-                       + [d for d in started if not d.get("containerInstanceArn")])
+    waiting = [t for t in observed if t.row.arn not in stopped and _unplaced(t.row)]
+    _placement_episode(ctx, svc, state, lambda: [t.doc for t in waiting[:100]] + started,
+                       bool(waiting) or any(_waits(d) for d in started))
     if svc["status"] == "ACTIVE" and primary["rolloutState"] == "IN_PROGRESS" \
             and domain.complete(desired, primary["id"], views):
         _completed(ctx, svc, state, primary)
@@ -290,18 +296,22 @@ def _unplaced(row) -> bool:
     return row.desired_status == "RUNNING" and not row.container_instance_arn and row.last_status == "PENDING"
 
 
-def _placement_episode(ctx: Context, svc: dict, state: dict, docs: list[dict]) -> None:
+def _waits(doc: dict) -> bool:
+    return doc["desiredStatus"] == "RUNNING" and not doc.get("containerInstanceArn") and doc["lastStatus"] == "PENDING"
+
+
+def _placement_episode(ctx: Context, svc: dict, state: dict, docs, any_waiting: bool) -> None:
     """SERVICE_TASK_PLACEMENT_FAILURE once per episode: from the first task that found no host
     until none of the service's tasks waits for one. Tasks that wait for a capacity provider to
-    launch a host (PROVISIONING) are not a failure."""
-    waiting = [d for d in docs if d["desiredStatus"] == "RUNNING" and not d.get("containerInstanceArn")
-               and d["lastStatus"] == "PENDING"]
-    if not waiting:
+    launch a host (PROVISIONING) are not a failure. `docs()` gives the waiting tasks' documents
+    (some of them: enough for the reasons), read only when an episode starts."""
+    if not any_waiting:
         state["placementFailure"] = False
         return
     if state.get("placementFailure"):
         return
     state["placementFailure"] = True
+    waiting = [d for d in docs() if _waits(d)]
     reasons = sorted({a["value"] for d in waiting for a in d.get("attributes", []) if a["name"] == PENDING_REASON})
     events.service_action(ctx, svc, "SERVICE_TASK_PLACEMENT_FAILURE", reasons=reasons)
     events.note(ctx, svc, "was unable to place a task because no container instance met all of its requirements. "
