@@ -215,9 +215,12 @@ def test_a_service_task_killed_from_outside_is_replaced(service, ecs, agents):
     agent = next(a for a in agents if a.arn == victim["containerInstanceArn"])
     os.kill(int((agent.container_dir(victim["taskArn"], "c") / "pid").read_text()), signal.SIGKILL)
 
-    svc = service.wait(lambda s: s["runningCount"] == 1 and service.tasks()[0]["taskArn"] != victim["taskArn"],
-                       "a replacement task to run")
-    [replacement] = service.tasks()
+    def running() -> list[dict]:
+        return [t for t in service.tasks() if t["lastStatus"] == "RUNNING"]
+
+    svc = service.wait(lambda s: s["runningCount"] == 1 and [t["taskArn"] for t in running()] not in (
+        [], [victim["taskArn"]]), "a replacement task to run")
+    [replacement] = running()
     assert replacement["lastStatus"] == "RUNNING" and replacement["group"] == f"service:{service.name}"
     [dead] = ecs.describe_tasks(cluster=CLUSTER, tasks=[victim["taskArn"]])["tasks"]
     assert dead["lastStatus"] == "STOPPED" and dead["stopCode"] == "EssentialContainerExited"

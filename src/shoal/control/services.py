@@ -26,7 +26,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from shoal.api.ecs import service_deployments as deployments
 from shoal.api.ecs.common import cluster_row
@@ -38,6 +38,7 @@ from shoal.events import services as events
 from shoal.events.changes import emit_task_change
 from shoal.scheduler.placement import PENDING_REASON, release, task_definition
 from shoal.store.db import update_versioned
+from shoal.store.prepared import Prepared
 from shoal.store.tables import container_instances as cis, services, tasks
 
 log = logging.getLogger(__name__)
@@ -90,21 +91,26 @@ class Observed:
         return self._doc
 
 
-_COLUMNS = (tasks.c.arn, tasks.c.version, tasks.c.last_status, tasks.c.desired_status, tasks.c.started_by,
-            tasks.c.created_at, tasks.c.container_instance_arn, tasks.c.placement)
+# Each pass reads every task of the service (thousands): see shoal.store.prepared.
+_SERVICE_TASKS = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.last_status, tasks.c.desired_status,
+                                 tasks.c.started_by, tasks.c.created_at, tasks.c.container_instance_arn,
+                                 tasks.c.placement)
+                          .where(tasks.c.cluster_name == bindparam("cluster"), tasks.c.service_name == bindparam("name"),
+                                 tasks.c.last_status != "STOPPED"))
+# The cluster's hosts that are not ACTIVE: few, so one small read instead of one per task's host.
+_HOSTS_NOT_ACTIVE = Prepared(select(cis.c.arn, cis.c.status).where(cis.c.cluster_name == bindparam("cluster"),
+                                                                   cis.c.status != "ACTIVE"))
 
 
 def _observe(ctx: Context, cluster: str, name: str) -> list[Observed]:
     """The service's tasks that have not stopped, each with its host's status; tasks on
     deregistered hosts are left out: nothing manages them any more (ECS orphans them)."""
-    rows = ctx.conn.execute(select(*_COLUMNS).where(tasks.c.cluster_name == cluster, tasks.c.service_name == name,
-                                                    tasks.c.last_status != "STOPPED")).all()
-    host_arns = {r.container_instance_arn for r in rows if r.container_instance_arn}
-    hosts = dict(ctx.conn.execute(select(cis.c.arn, cis.c.status).where(cis.c.arn.in_(host_arns))).all()) \
-        if host_arns else {}
+    rows = _SERVICE_TASKS.all(ctx.conn, {"cluster": cluster, "name": name})
+    not_active = {r.arn: r.status for r in _HOSTS_NOT_ACTIVE.all(ctx.conn, {"cluster": cluster})}
     out = []
     for row in rows:
-        host_status = hosts.get(row.container_instance_arn, "INACTIVE") if row.container_instance_arn else None
+        host = row.container_instance_arn
+        host_status = not_active.get(host, "ACTIVE") if host else None
         if host_status != "INACTIVE":
             out.append(Observed(ctx, row, host_status))
     return out
