@@ -39,13 +39,8 @@ _HOST_BY_TOKEN = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash ==
 _HOST_BY_TOKEN_FOR_UPDATE = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash"))
                                      .with_for_update())
 _HOST_STATUS = Prepared(select(cis.c.status).where(cis.c.arn == bindparam("host")))
-_TASKS_ON_HOST = Prepared(select(tasks.c.arn, tasks.c.version).where(tasks.c.container_instance_arn == bindparam("host"),
-                                                                    tasks.c.last_status != "STOPPED"))
-_TASK_DOC = Prepared(select(tasks.c.doc).where(tasks.c.arn == bindparam("task")))
-# A task's entry in its host's desired state, by the task row's version (any write moves it): a
-# poll re-reads only the tasks that changed, not all of a busy host's tasks every time.
-_desired: dict[str, tuple[int, dict]] = {}
-_DESIRED_KEPT = 200_000
+_TASKS_ON_HOST = Prepared(select(tasks.c.doc).where(tasks.c.container_instance_arn == bindparam("host"),
+                                                    tasks.c.last_status != "STOPPED"))
 _TASK_FOR_UPDATE = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.container_instance_arn, tasks.c.cluster_name,
                                    tasks.c.service_name, tasks.c.doc)
                             .where(tasks.c.arn == bindparam("task")).with_for_update())
@@ -198,28 +193,20 @@ def disconnected(ctx: Context, host_arn: str) -> None:
 def desired_state(ctx: Context, host_arn: str) -> dict:
     """What the host's agent should run: every task on it that has not stopped."""
     host = _HOST_STATUS.first(ctx.conn, {"host": host_arn})
+    rows = _TASKS_ON_HOST.all(ctx.conn, {"host": host_arn})
     out = []
-    for arn, version in _TASKS_ON_HOST.all(ctx.conn, {"host": host_arn}):
-        cached = _desired.get(arn)
-        if cached is None or cached[0] != version:
-            if len(_desired) > _DESIRED_KEPT:  # stopped tasks' entries are never asked for again
-                _desired.clear()
-            cached = _desired[arn] = (version, _desired_entry(ctx, json.loads(
-                _TASK_DOC.first(ctx.conn, {"task": arn}).doc)))
-        out.append(cached[1])
+    for (text,) in rows:
+        doc = json.loads(text)
+        td = task_definition(ctx, doc["taskDefinitionArn"])
+        out.append({
+            "taskArn": doc["taskArn"], "desiredStatus": doc["desiredStatus"], "lastStatus": doc["lastStatus"],
+            "version": doc["version"], "cpu": doc.get("cpu"), "memory": doc.get("memory"),
+            "overrides": doc.get("overrides", {}), "family": td["family"], "revision": td["revision"],
+            "containerDefinitions": td["containerDefinitions"],
+            "containers": [{k: c[k] for k in ("name", "containerArn", "gpuIds") if k in c} for c in doc["containers"]],
+            "stopCode": doc.get("stopCode"), "stoppedReason": doc.get("stoppedReason"),
+        })
     return {"status": host.status, "tasks": out}
-
-
-def _desired_entry(ctx: Context, doc: dict) -> dict:
-    td = task_definition(ctx, doc["taskDefinitionArn"])
-    return {
-        "taskArn": doc["taskArn"], "desiredStatus": doc["desiredStatus"], "lastStatus": doc["lastStatus"],
-        "version": doc["version"], "cpu": doc.get("cpu"), "memory": doc.get("memory"),
-        "overrides": doc.get("overrides", {}), "family": td["family"], "revision": td["revision"],
-        "containerDefinitions": td["containerDefinitions"],
-        "containers": [{k: c[k] for k in ("name", "containerArn", "gpuIds") if k in c} for c in doc["containers"]],
-        "stopCode": doc.get("stopCode"), "stoppedReason": doc.get("stoppedReason"),
-    }
 
 
 def _merge_container(current: dict, reported: dict) -> dict:
