@@ -41,12 +41,7 @@ def agent(
         raise typer.BadParameter("expected process or podman", param_hint="--runtime")
     if simulate and not instance_type:
         raise typer.BadParameter("--simulate needs --instance-type", param_hint="--simulate")
-    attributes = {}
-    for item in attribute or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="--attribute")
-        attributes[name] = value
+    attributes = parse_attributes(attribute)
     config = AgentConfig(server=server.rstrip("/"), join_token=join_token, data_dir=data_dir, cluster=cluster,
                          capacity_provider=capacity_provider, host_id=host_id, instance_type=instance_type,
                          availability_zone=availability_zone,
@@ -55,3 +50,14 @@ def agent(
         asyncio.run(Agent(config).run())
     except KeyboardInterrupt:
         pass
+
+
+def parse_attributes(items: list[str] | None) -> dict[str, str]:
+    """--attribute NAME=VALUE options (repeatable) as a dict."""
+    attributes = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="--attribute")
+        attributes[name] = value
+    return attributes

@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from shoal.cli.agent import parse_attributes
+
 
 def _specs(hosts: list[str], capacity_provider: str | None, zones: list[str], attributes: dict[str, str]):
     from shoal import catalog
@@ -95,12 +97,7 @@ def sim(
     from shoal.sim import SimFleet, TaskModel
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    attributes = {}
-    for item in attribute or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint="--attribute")
-        attributes[name] = value
+    attributes = parse_attributes(attribute)
     zone_list = [z.strip() for z in (zones or "").split(",") if z.strip()]
     specs = _specs(hosts, capacity_provider, zone_list, attributes)
     try:
