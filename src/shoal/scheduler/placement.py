@@ -58,12 +58,13 @@ def task_definition(ctx: Context, arn: str) -> dict:
 
 
 def plan_for(placement: dict | str) -> Plan:
+    """The compiled plan of a placement (its JSON, as stored on the task row, or the dict)."""
     key = placement if isinstance(placement, str) else json.dumps(placement, sort_keys=True)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 10_000:
             _plans.clear()
-        plan = _plans[key] = Plan.compile(json.loads(key) if isinstance(placement, dict) else json.loads(placement))
+        plan = _plans[key] = Plan.compile(json.loads(key))
     return plan
 
 
