@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -112,6 +113,8 @@ def tail(
     Starts at the end of the log (only events from now on) unless --since is given.
     """
     matcher = _pattern(pattern) if pattern is not None else None
+    # SIGINT stops it even when it was started with SIGINT ignored (a background job, a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         after = since if since is not None else _end_cursor()
         while True:

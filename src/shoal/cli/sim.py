@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import signal
 import time
 from typing import Annotated, Optional
 
@@ -113,6 +114,8 @@ def sim(
                    f"`shoal server --agent-timeout 90`", err=True)
     from shoal.sim.fleet import new_event_loop
 
+    # SIGINT stops it even when it was started with SIGINT ignored (a background job, a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
             runner.run(_run(fleet, stats_every))
