@@ -85,6 +85,16 @@ def make_cluster(ecs, unique) -> str:
     return name
 
 
+def self_managed_provider(ecs, cluster: str, unique) -> str:
+    """A self-managed capacity provider of the cluster, not in its default strategy."""
+    provider = unique("cp")
+    ecs.create_capacity_provider(name=provider, autoScalingGroupProvider={
+        "autoScalingGroupArn": "arn:aws:autoscaling:local:000000000000:autoScalingGroup:x"})
+    ecs.put_cluster_capacity_providers(cluster=cluster, capacityProviders=[provider],
+                                       defaultCapacityProviderStrategy=[])
+    return provider
+
+
 def family(ecs, unique, *containers: dict, **task_level) -> str:
     name = unique("f")
     ecs.register_task_definition(family=name, containerDefinitions=list(containers or [
@@ -439,11 +449,7 @@ def test_run_task_only_uses_hosts_whose_agent_is_connected(server, ecs, unique):
 
 def test_a_capacity_provider_strategy_places_only_on_that_providers_hosts(server, ecs, unique):
     cluster = make_cluster(ecs, unique)
-    provider = unique("cp")
-    ecs.create_capacity_provider(name=provider, autoScalingGroupProvider={
-        "autoScalingGroupArn": "arn:aws:autoscaling:local:000000000000:autoScalingGroup:x"})
-    ecs.put_cluster_capacity_providers(cluster=cluster, capacityProviders=[provider],
-                                       defaultCapacityProviderStrategy=[])
+    provider = self_managed_provider(ecs, cluster, unique)
     plain, _ = register_host(server, cluster)
     td = family(ecs, unique)
     strategy = [{"capacityProvider": provider, "weight": 1}]

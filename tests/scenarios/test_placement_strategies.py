@@ -12,7 +12,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.integration.test_placement import (describe_host, family, make_cluster, pending_reason,
-                                              register_host, resources)
+                                              register_host, resources, self_managed_provider)
 from tests.support import ServerProcess, database_url_for
 
 DISTINCT = "DistinctInstance placement constraint unsatisfied."
@@ -111,11 +111,7 @@ def test_list_container_instances_filters_with_the_same_language(server, ecs, un
 
 def test_launch_type_ec2_may_use_any_active_host_whichever_provider_brought_it(server, ecs, unique):
     cluster = make_cluster(ecs, unique)
-    provider = unique("cp")
-    ecs.create_capacity_provider(name=provider, autoScalingGroupProvider={
-        "autoScalingGroupArn": "arn:aws:autoscaling:local:000000000000:autoScalingGroup:x"})
-    ecs.put_cluster_capacity_providers(cluster=cluster, capacityProviders=[provider],
-                                       defaultCapacityProviderStrategy=[])
+    provider = self_managed_provider(ecs, cluster, unique)
     member, _ = register_host(server, cluster, capacity_provider=provider)
     task = ecs.run_task(cluster=cluster, taskDefinition=family(ecs, unique), launchType="EC2")["tasks"][0]
     assert task["containerInstanceArn"] == member

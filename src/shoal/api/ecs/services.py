@@ -137,14 +137,20 @@ _DEPLOYED = ("taskDefinition", "launchType", "capacityProviderStrategy", "placem
              "placementStrategy", "networkConfiguration")
 
 
+def _active_service(ctx: Context, cluster, ref: str):
+    """The service's row, locked, for UpdateService and DeleteService: it must be ACTIVE."""
+    row = service_row(ctx, cluster, ref, for_update=True)
+    if row is None:
+        raise deployments.service_not_found(ref)
+    if row.status != "ACTIVE":
+        raise not_active(row.name, row.status)
+    return row
+
+
 @ecs.op("UpdateService")
 def update_service(ctx: Context, req: dict) -> dict:
     cluster = cluster_row(ctx, req.get("cluster"))
-    row = service_row(ctx, cluster, req["service"], for_update=True)
-    if row is None:
-        raise deployments.service_not_found(req["service"])
-    if row.status != "ACTIVE":
-        raise not_active(row.name, row.status)
+    row = _active_service(ctx, cluster, req["service"])
     _check_unsupported(req)
     _check_grace(req)
     svc, state = json.loads(row.doc), json.loads(row.state)
@@ -192,11 +198,7 @@ def update_service(ctx: Context, req: dict) -> dict:
 @ecs.op("DeleteService")
 def delete_service(ctx: Context, req: dict) -> dict:
     cluster = cluster_row(ctx, req.get("cluster"))
-    row = service_row(ctx, cluster, req["service"], for_update=True)
-    if row is None:
-        raise deployments.service_not_found(req["service"])
-    if row.status != "ACTIVE":
-        raise not_active(row.name, row.status)
+    row = _active_service(ctx, cluster, req["service"])
     svc, state = json.loads(row.doc), json.loads(row.state)
     if svc["desiredCount"] > 0 and not req.get("force"):
         raise InvalidParameter(f"The service cannot be stopped while it is scaled above 0 (desiredCount "
