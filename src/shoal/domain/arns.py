@@ -60,6 +60,18 @@ class ArnFactory:
     def service_revision(self, cluster: str, service: str, deployment_id: str) -> str:
         return self.make("service-revision", f"{cluster}/{service}/{deployment_id.rsplit('/', 1)[-1]}")
 
+    def daemon_task_definition(self, family: str, revision: int) -> str:
+        return self.make("daemon-task-definition", f"{family}:{revision}")
+
+    def daemon(self, cluster: str, name: str) -> str:
+        return self.make("daemon", f"{cluster}/{name}")
+
+    def daemon_revision(self, cluster: str, daemon: str, revision_id: str) -> str:
+        return self.make("daemon-revision", f"{cluster}/{daemon}/{revision_id}")
+
+    def daemon_deployment(self, cluster: str, daemon: str, deployment_id: str) -> str:
+        return self.make("daemon-deployment", f"{cluster}/{daemon}/{deployment_id}")
+
 
 def is_arn(value: str) -> bool:
     return value.startswith("arn:")

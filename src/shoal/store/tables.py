@@ -81,10 +81,14 @@ tasks = Table(
     # What placement needs and the Task shape has no field for: the capacity provider
     # strategy, placement constraints and strategies of the RunTask call (JSON).
     Column("placement", Text),
+    # The daemon a daemon task belongs to (its startedBy is the daemon's ARN, its group
+    # "daemon:<name>"); NULL for every other task. DescribeDaemon counts hosts by it.
+    Column("daemon_name", String(255)),
     Index("ix_tasks_cluster_desired", "cluster_name", "desired_status", "created_at"),
     Index("ix_tasks_cluster_last", "cluster_name", "last_status"),
     Index("ix_tasks_instance", "container_instance_arn"),
     Index("ix_tasks_service", "cluster_name", "service_name", "started_by"),
+    Index("ix_tasks_daemon", "cluster_name", "daemon_name"),
 )
 
 container_instances = Table(
@@ -141,6 +145,85 @@ service_deployments = Table(
     Column("version", Integer, nullable=False),
     Column("doc", Text, nullable=False),
     Index("ix_service_deployments_service", "service_arn", "created_at"),
+)
+
+# Daemon task definitions (the DaemonTaskDefinition shape in `doc`, tags included). Revisions
+# are never removed, only marked DELETE_IN_PROGRESS / DELETED, so the next revision of a family
+# is its highest plus one; the unique constraint settles two registrations racing for it.
+daemon_task_definitions = Table(
+    "daemon_task_definitions",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("family", String(255), nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("status", String(32), nullable=False),  # ACTIVE | DELETE_IN_PROGRESS | DELETED
+    Column("registered_at", Float, nullable=False),
+    Column("delete_requested_at", Float),
+    Column("doc", Text, nullable=False),
+    UniqueConstraint("family", "revision", name="uq_daemon_task_definition_revision"),
+    Index("ix_daemon_task_definitions_status_family", "status", "family", "revision"),
+)
+
+# Managed daemons: one row per daemon of a cluster (ACTIVE | DELETE_IN_PROGRESS). `doc` holds
+# the stored part of the DaemonDetail shape plus tags; its counts are computed when it is read.
+# The columns name what the daemon runs now: its current revision (task definition, critical,
+# tag settings) and its latest deployment (deployment configuration).
+daemons = Table(
+    "daemons",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("cluster_name", String(255), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("task_definition_arn", String(512), nullable=False),
+    Column("revision_arn", String(512), nullable=False),
+    Column("deployment_arn", String(512), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+    UniqueConstraint("cluster_name", "name", name="uq_daemons_cluster_name"),
+    Index("ix_daemons_cluster_status", "cluster_name", "status"),
+    Index("ix_daemons_task_definition", "task_definition_arn"),
+)
+
+# The capacity providers a daemon runs on (by provider name): which daemons a host of a
+# provider must run, and ListDaemons' capacityProviderArns filter.
+daemon_capacity_providers = Table(
+    "daemon_capacity_providers",
+    metadata,
+    Column("daemon_arn", String(512), primary_key=True),
+    Column("capacity_provider_name", String(255), primary_key=True),
+    Index("ix_daemon_capacity_providers_provider", "capacity_provider_name"),
+)
+
+# Immutable snapshots of a daemon's settings, one per CreateDaemon/UpdateDaemon (the
+# DaemonRevision shape).
+daemon_revisions = Table(
+    "daemon_revisions",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("daemon_arn", String(512), nullable=False),
+    Column("cluster_name", String(255), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("doc", Text, nullable=False),
+    Index("ix_daemon_revisions_daemon", "daemon_arn", "created_at"),
+)
+
+# One row per daemon deployment (the DaemonDeployment shape), started by CreateDaemon,
+# UpdateDaemon or DeleteDaemon and advanced by the daemon reconciler.
+daemon_deployments = Table(
+    "daemon_deployments",
+    metadata,
+    Column("arn", String(512), primary_key=True),
+    Column("daemon_arn", String(512), nullable=False),
+    Column("cluster_name", String(255), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("doc", Text, nullable=False),
+    Index("ix_daemon_deployments_daemon", "daemon_arn", "created_at"),
+    Index("ix_daemon_deployments_cluster_status", "cluster_name", "status"),
 )
 
 # The transactional outbox. `seq` orders events within one writer; `txid` is the writing

@@ -3,6 +3,6 @@
 
 def register_all() -> None:
     from shoal.api.ecs import (  # noqa: F401
-        attributes, capacity_providers, clusters, container_instances, service_deployments, services, tags,
-        task_definitions, tasks,
+        attributes, capacity_providers, clusters, container_instances, daemon_task_definitions, daemons,
+        service_deployments, services, tags, task_definitions, tasks,
     )

@@ -10,7 +10,10 @@ from shoal.api.ecs.common import check_tags, merge_tags
 from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns
 from shoal.domain.errors import InvalidParameter, NotFound
-from shoal.store.tables import capacity_providers, clusters, container_instances, services, task_definitions, tasks
+from shoal.store.tables import (
+    capacity_providers, clusters, container_instances, daemon_task_definitions, daemons, services, task_definitions,
+    tasks,
+)
 
 _TABLES = {
     "cluster": clusters,
@@ -19,6 +22,8 @@ _TABLES = {
     "task": tasks,
     "container-instance": container_instances,
     "service": services,
+    "daemon": daemons,
+    "daemon-task-definition": daemon_task_definitions,
 }
 
 
@@ -30,7 +35,7 @@ def _row(ctx: Context, resource_arn: str, *, for_update: bool = False):
                                "cannot be tagged.")
     stmt = select(table).where(table.c.arn == resource_arn)
     row = ctx.conn.execute(stmt.with_for_update() if for_update else stmt).first()
-    if row is None or getattr(row, "status", None) in ("INACTIVE", "DELETE_IN_PROGRESS"):
+    if row is None or getattr(row, "status", None) in ("INACTIVE", "DELETE_IN_PROGRESS", "DELETED"):
         raise NotFound(f"The specified resource could not be found: '{resource_arn}'.")
     return table, row
 
