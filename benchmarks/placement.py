@@ -151,6 +151,23 @@ def shoal_exe() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "shoal.cli.main"]
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) used so far by process `pid`, or by this one."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_use(rig: "Rig", run) -> tuple[object, dict]:
+    """Run `run()`; return its result and the CPU seconds each process spent meanwhile."""
+    pids = {"server": rig.server.pid, "fleet": rig.sim.pid, "clients": None}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    result = run()
+    return result, {name: round(cpu_seconds(pid) - before[name], 1) for name, pid in pids.items()}
+
+
 def peak_rss_mib(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -338,9 +355,11 @@ def bench_e2e(hosts: int, run_task_tasks: int, service_tasks: int, clients: int,
         say(f"all hosts ACTIVE after {active_after:.1f} s")
         families = register_definitions(rig.client())
         say(f"RunTask: {run_task_tasks} tasks, count 10, {clients} clients")
-        run_task = bench_run_task(rig, families, run_task_tasks, clients, seed)
+        run_task, cpu = cpu_use(rig, lambda: bench_run_task(rig, families, run_task_tasks, clients, seed))
+        run_task["cpu_s"] = cpu
         say(f"services: {service_tasks} tasks")
-        services = bench_services(rig, families, service_tasks)
+        services, cpu = cpu_use(rig, lambda: bench_services(rig, families, service_tasks))
+        services["cpu_s"] = cpu
         return {"hosts": hosts, "task_start_delay_s": start_delay,
                 "fleet_active_after_s": round(active_after, 1), "run_task": run_task,
                 "services": services, "server_peak_rss_mib": peak_rss_mib(rig.server.pid),

@@ -22,6 +22,7 @@ class Settings:
     webhook_secret: str = ""  # signs webhook deliveries (X-Shoal-Signature); <data-dir>/webhook-secret
     agent_timeout: float = 30.0  # seconds without a poll before a host's agent counts as disconnected
     service_healthy_after: float = 40.0  # seconds a service task without health checks runs before it is healthy
+    action_log_file: Path | None = None  # also append each committed action-log entry here (JSONL)
 
     @property
     def database_url(self) -> str:

@@ -60,8 +60,9 @@ def report(server, token: str, updates: list[dict] | None = None, health: dict |
     return call(server, "POST", "/v1/agent/report", token, json=body)
 
 
-def poll(server, token: str, since: str | None = None, wait: float = 0) -> httpx.Response:
-    params = {"wait": wait, **({"since": since} if since is not None else {})}
+def poll(server, token: str, since: str | None = None, wait: float = 0, cursor: int | None = None) -> httpx.Response:
+    params = {"wait": wait, **({"since": since} if since is not None else {}),
+              **({"cursor": cursor} if cursor is not None else {})}
     return call(server, "GET", "/v1/agent/poll", token, params=params, timeout=wait + 30)
 
 
@@ -498,6 +499,32 @@ def test_bad_poll_parameters(server, ecs, unique):
     started = time.monotonic()
     assert poll(server, token, since="feedface.12", wait=10).status_code == 200
     assert time.monotonic() - started < 2
+    message = error(call(server, "GET", "/v1/agent/poll", token, params={"cursor": "-1"}), 400,
+                    "InvalidParameterException")
+    assert "'cursor'" in message
+
+
+def test_a_poll_with_a_cursor_gets_only_what_changed_since(server, ecs, unique):
+    cluster, _ = make_cluster(ecs, unique)
+    host_arn, token = register_host(server, cluster)
+    td = family(ecs, unique)
+    first, second = (start_on(ecs, cluster, td, host_arn)["taskArn"] for _ in range(2))
+
+    full = poll(server, token).json()
+    assert full["full"] is True and {t["taskArn"] for t in full["tasks"]} == {first, second}
+
+    third = start_on(ecs, cluster, td, host_arn)["taskArn"]
+    ecs.stop_task(cluster=cluster, task=first, reason="enough")
+    changes = poll(server, token, cursor=full["cursor"]).json()
+    assert changes["full"] is False and changes["cursor"] > full["cursor"]
+    assert {(t["taskArn"], t["desiredStatus"]) for t in changes["tasks"]} == {(third, "RUNNING"), (first, "STOPPED")}
+
+    # Reports change what the task is, not what it should be: nothing new for the agent.
+    assert report(server, token, [snapshot(second, "RUNNING")]).status_code == 200
+    assert poll(server, token, cursor=changes["cursor"]).json()["tasks"] == []
+    # A cursor the server never gave (a database recreated under the agent) gets everything.
+    again = poll(server, token, cursor=changes["cursor"] + 1000).json()
+    assert again["full"] is True and {t["taskArn"] for t in again["tasks"]} == {first, second, third}
 
 
 # --- deregistration ------------------------------------------------------------------------------------------

@@ -131,11 +131,13 @@ class Agent:
                     cgroups.remove_parent(self.runtime.layout, f"shoal-{self.host}")
 
     async def _poll_loop(self) -> None:
-        since, backoff = None, 0.2
+        # since: the wake-up token of the last answer; cursor: its data position, so that the
+        # next answer carries only what changed (the first one, after a restart too, is full).
+        since, cursor, backoff = None, None, 0.2
         while True:
             try:
-                r = await self.client.get("/v1/agent/poll", params={"since": since or "", "wait": POLL_WAIT},
-                                          headers=self.auth, timeout=POLL_WAIT + 10)
+                r = await self.client.get("/v1/agent/poll", headers=self.auth, timeout=POLL_WAIT + 10,
+                                          params={"since": since or "", "cursor": cursor or "", "wait": POLL_WAIT})
             except httpx.HTTPError as err:
                 log.warning("poll failed (%s); retrying in %.1fs", err, backoff)
                 await asyncio.sleep(backoff)
@@ -151,7 +153,7 @@ class Agent:
                 continue
             backoff = 0.2
             desired = r.json()
-            since = desired["version"]
+            since, cursor = desired["version"], desired["cursor"]
             self._reconcile(desired["tasks"])
             if desired["status"] == "INACTIVE":
                 log.warning("this host was deregistered; its tasks are left as they are; stopping")
@@ -164,8 +166,8 @@ class Agent:
                 runner.set_desired(spec["desiredStatus"])
                 continue
             task_dir = self.tasks_dir / spec["taskArn"].rsplit("/", 1)[-1]
-            if (task_dir / REPORTED).exists():
-                continue
+            if spec["lastStatus"] == "STOPPED" or (task_dir / REPORTED).exists():
+                continue  # over: stopped before this agent ran it, or it ran and was reported
             runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue, self.launcher)
             self.runners[spec["taskArn"]] = runner
             runner.task = asyncio.get_running_loop().create_task(runner.run())  # held: the loop keeps weak refs

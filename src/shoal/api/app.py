@@ -8,7 +8,9 @@ import contextlib
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from shoal.api.action_logs import action_log_routes
 from shoal.api.agent.routes import AgentProtocol
+from shoal.api.alarms import alarm_routes
 from shoal.api.ecs import register_all as register_ecs
 from shoal.api.eventbridge import register_all as register_eventbridge
 from shoal.api.operations import ecs, eventbridge
@@ -18,6 +20,7 @@ from shoal.api.rest import events_endpoint, healthz
 from shoal.config import Settings
 from shoal.control.hub import Hub
 from shoal.control.services import ServiceScheduler
+from shoal.events.action_log import FileSink
 from shoal.events.dispatcher import Dispatcher
 from shoal.domain.arns import ArnFactory
 from shoal.store.db import Store
@@ -26,6 +29,10 @@ from shoal.store.db import Store
 def create_app(settings: Settings, store: Store | None = None, capacity=None):
     store = store or Store(settings.database_url)
     store.migrate()
+    sink = None
+    if settings.action_log_file is not None:  # committed action-log entries also go to this file
+        sink = FileSink(settings.action_log_file)
+        sink.attach(store.write_engine)
     register_ecs()
     register_eventbridge()
     arns = ArnFactory(settings.region, settings.account)
@@ -46,12 +53,16 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
         store.close()
+        if sink is not None:  # after the store: the last batch's entries are queued by now
+            sink.close()
 
     app = Starlette(
         routes=[
             *agents.routes(),
             Route("/v1/events", events_endpoint(store, aws.authenticate), methods=["GET"]),
             *queue_routes(store, aws.authenticate),
+            *action_log_routes(store, aws.authenticate),
+            *alarm_routes(store, arns, aws.authenticate),
             Route("/healthz", healthz, methods=["GET"]),
         ],
         lifespan=lifespan,

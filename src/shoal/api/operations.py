@@ -7,13 +7,14 @@ or raises and leaves no trace.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
 from sqlalchemy import Connection
 
+from shoal import jsonio
+from shoal.api.agent import desired
 from shoal.domain.arns import ArnFactory
 from shoal.events import outbox
 from shoal.events.envelope import TASK_STATE_CHANGE
@@ -27,12 +28,22 @@ class Context:
     # What the unit of work changed that others wait on: hosts whose agents must look again
     # (their long-polls wake after the commit), clusters with capacity to place waiting tasks on.
     touched_hosts: set[str] = field(default_factory=set)
+    # Host ARN -> tasks whose desired state on it changed (placed there, asked to stop): written
+    # into the host's desired-state sequence before the commit (see `run_unit`).
+    desired_changes: dict[str, set[str]] = field(default_factory=dict)
     dirty_clusters: set[str] = field(default_factory=set)
     # Services whose scheduler must look again, as (cluster name, service name): one of their
     # tasks changed. See `emit`.
     dirty_services: set[tuple[str, str]] = field(default_factory=set)
     emitted: int = 0  # events written: the rule router has work
     rules_changed: bool = False  # the router must reload its rule index
+
+    def tell_agent(self, host_arn: str, task_arn: str | None = None) -> None:
+        """The host's agent must look again: its long-poll wakes after the commit, and its next
+        answer carries `task_arn` (a task placed on the host, or asked to stop)."""
+        self.touched_hosts.add(host_arn)
+        if task_arn is not None:
+            self.desired_changes.setdefault(host_arn, set()).add(task_arn)
 
     def emit(self, detail_type: str, resources: list[str], detail: dict, **envelope) -> dict:
         """Append an event (source shoal.ecs unless `source=` says otherwise) in this transaction."""
@@ -45,7 +56,18 @@ class Context:
                              region=self.arns.region, account=self.arns.account, now=self.now, **envelope)
 
 
+T = TypeVar("T")
 Handler = Callable[[Context, dict], dict]
+
+
+def run_unit(conn: Connection, arns: ArnFactory, fn: Callable[[Context], T]) -> tuple[T, Context]:
+    """Run one unit of work in the store transaction `conn` has begun; return its result and
+    context, for what must happen after the commit."""
+    ctx = Context(conn, arns)
+    result = fn(ctx)
+    if ctx.desired_changes:
+        desired.record(ctx.conn, ctx.desired_changes)
+    return result, ctx
 
 
 @dataclass(frozen=True)
@@ -75,4 +97,4 @@ eventbridge = Registry("AWSEvents", "events", "ValidationException")
 
 
 def dumps(doc: object) -> str:
-    return json.dumps(doc, separators=(",", ":"))
+    return jsonio.dumps(doc)

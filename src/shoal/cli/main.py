@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shoal.cli import agent, catalog, events, logs, rules, server, sim, up
+from shoal.cli import actions, agent, alarm, catalog, events, logs, rules, server, sim, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="shoal: a self-hosted orchestrator for GPU fleets that speaks the Amazon ECS API.")
@@ -16,6 +16,8 @@ app.command("sim")(sim.sim)
 app.add_typer(events.app, name="events")
 app.add_typer(rules.app, name="rules")
 app.add_typer(catalog.app, name="catalog")
+app.add_typer(actions.app, name="actions")
+app.add_typer(alarm.app, name="alarm")
 
 if __name__ == "__main__":
     app()

@@ -94,17 +94,28 @@ def server(
     service_healthy_after: Annotated[float, typer.Option(help="Seconds a service task without health checks must "
                                                               "run before it counts as healthy (ECS waits 40).",
                                                          envvar="SHOAL_SERVICE_HEALTHY_AFTER")] = 40.0,
+    action_log_file: Annotated[Optional[Path], typer.Option(help="Also append every action-log entry to this "
+                                                                 "file, one JSON line each, once committed.",
+                                                            envvar="SHOAL_ACTION_LOG_FILE")] = None,
 ) -> None:
     """Run the control plane (ECS JSON API, events, REST extras)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per webhook delivery, URL included
+    if action_log_file is not None:  # an unwritable path fails here, not at the first entry
+        try:
+            action_log_file.parent.mkdir(parents=True, exist_ok=True)
+            action_log_file.open("a").close()
+        except OSError as err:
+            raise typer.BadParameter(f"cannot append to {action_log_file}: {err.strerror or err}",
+                                     param_hint="--action-log-file") from None
     key_id, secret = load_or_create_credentials(data_dir)
     settings = Settings(data_dir=data_dir, db_url=db, region=region, account=account,
                         auth=not insecure_no_auth, credentials={key_id: secret},
                         join_token=join_token or load_or_create_join_token(data_dir),
                         webhook_secret=webhook_secret or load_or_create_secret(data_dir, "webhook-secret"),
-                        agent_timeout=agent_timeout, service_healthy_after=service_healthy_after)
+                        agent_timeout=agent_timeout, service_healthy_after=service_healthy_after,
+                        action_log_file=action_log_file)
     capacity = capacity_controller(settings, provisioner, provisioner_launch, provisioner_terminate,
                                    provisioner_list, scale_in_after)
     capacity.server_url = advertise_url

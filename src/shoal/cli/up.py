@@ -119,7 +119,7 @@ def _retire_launched_hosts(settings: Settings, capacity) -> None:
     (the next `shoal up` launches new ones rather than waiting for these to be found lost)."""
     from sqlalchemy import select
 
-    from shoal.api.operations import Context
+    from shoal.api.operations import run_unit
     from shoal.control.capacity import retire_host
     from shoal.domain.arns import ArnFactory
     from shoal.store.db import Store
@@ -136,7 +136,8 @@ def _retire_launched_hosts(settings: Settings, capacity) -> None:
             cis.c.ec2_instance_id.in_(ids), cis.c.status != "INACTIVE")).scalars().all())
         factory = ArnFactory(settings.region, settings.account)
         for arn in arns:
-            store.submit(lambda conn, arn=arn: retire_host(Context(conn, factory), arn, vanished=True)).result()
+            store.submit(lambda conn, arn=arn: run_unit(conn, factory, lambda ctx: retire_host(ctx, arn, vanished=True))
+                         ).result()
     finally:
         store.close()
 

@@ -182,12 +182,13 @@ def retire_host(ctx: Context, arn: str, *, vanished: bool = False) -> bool:
     doc.update(status="INACTIVE", agentConnected=False, version=doc["version"] + 1)
     update_versioned(ctx.conn, cis, {"arn": arn}, row.version, status="INACTIVE", allocations="{}", doc=dumps(doc))
     emit_instance_change(ctx, cluster_row(ctx, row.cluster_name), doc)
-    ctx.touched_hosts.add(arn)
+    ctx.tell_agent(arn)
     for task in ctx.conn.execute(select(tasks).where(tasks.c.container_instance_arn == arn,
                                                      tasks.c.last_status != "STOPPED").with_for_update()).all():
         tdoc = stop_unstarted(json.loads(task.doc), f"Host {row.ec2_instance_id} was terminated",
                               "TerminationNotice", ctx.now)
         update_versioned(ctx.conn, tasks, {"arn": task.arn}, task.version, last_status="STOPPED",
                          desired_status="STOPPED", doc=dumps(tdoc))
+        ctx.tell_agent(arn, task.arn)
         emit_task_change(ctx, tdoc)
     return True

@@ -17,7 +17,7 @@ import time
 from sqlalchemy import select
 
 from shoal.api.agent import state as agent_state
-from shoal.api.operations import Context
+from shoal.api.operations import Context, run_unit
 from shoal.control.services import ServiceScheduler
 from shoal.control.signals import HostSignals
 from shoal.domain.tasks import PENDING_STATES
@@ -57,10 +57,7 @@ class Hub:
                 self._wake.set()
 
     async def write(self, fn):
-        def unit(conn):
-            ctx = Context(conn, self.arns)
-            return fn(ctx), ctx
-        result, ctx = await self.store.write(unit)
+        result, ctx = await self.store.write(lambda conn: run_unit(conn, self.arns, fn))
         self.committed(ctx)
         return result
 

@@ -21,13 +21,13 @@ simply starts counting again: that only delays, never breaks, a decision.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import bindparam, select
 
+from shoal import jsonio
 from shoal.api.ecs import service_deployments as deployments
 from shoal.api.ecs.common import cluster_row
 from shoal.api.ecs.tasks import check_placement, create_tasks
@@ -87,7 +87,7 @@ class Observed:
     def doc(self) -> dict:
         if self._doc is None:
             text = self.ctx.conn.execute(select(tasks.c.doc).where(tasks.c.arn == self.row.arn)).scalar_one()
-            self._doc = json.loads(text)
+            self._doc = jsonio.loads(text)
         return self._doc
 
 
@@ -118,7 +118,7 @@ def _observe(ctx: Context, cluster: str, name: str) -> list[Observed]:
 
 def _agent_connected(ctx: Context, host_arn: str | None) -> bool:
     row = ctx.conn.execute(select(cis.c.doc).where(cis.c.arn == host_arn)).first() if host_arn else None
-    return bool(row and json.loads(row.doc).get("agentConnected"))
+    return bool(row and jsonio.loads(row.doc).get("agentConnected"))
 
 
 def _view(ctx: Context, task: Observed, svc: dict, health_checked: dict[str, bool], memory: Memory,
@@ -155,7 +155,7 @@ def _failures(ctx: Context, cluster: str, name: str, deployment_id: str, healthy
         tasks.c.last_status == "STOPPED")).scalars()
     count = 0
     for text in rows:
-        doc = json.loads(text)
+        doc = jsonio.loads(text)
         td = task_definition(ctx, doc["taskDefinitionArn"])
         count += domain.is_failure(doc, _has_health_check(td), healthy_after)
     return count
@@ -169,7 +169,7 @@ def reconcile(ctx: Context, cluster: str, name: str, memory: Memory) -> Outcome:
     if row is None or row.status == "INACTIVE":
         outcome.gone = True
         return outcome
-    svc, state = json.loads(row.doc), json.loads(row.state)
+    svc, state = jsonio.loads(row.doc), jsonio.loads(row.state)
     doc_before, state_before = dumps(svc), dumps(state)
     observed = _observe(ctx, cluster, name)
     health_checked = {d["id"]: _has_health_check(task_definition(ctx, d["taskDefinition"]))
@@ -333,9 +333,10 @@ def _stop(ctx: Context, task: Observed, reason: str) -> str:
     else:
         doc.update(desiredStatus="STOPPED", stopCode="ServiceSchedulerInitiated", stoppedReason=reason,
                    stoppingAt=ctx.now, version=doc["version"] + 1)
-        ctx.touched_hosts.add(doc["containerInstanceArn"])
     update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],
                      desired_status=doc["desiredStatus"], doc=dumps(doc))
+    if doc.get("containerInstanceArn"):  # also a task stopped unstarted: its agent may come back
+        ctx.tell_agent(doc["containerInstanceArn"], row.arn)
     emit_task_change(ctx, doc)
     return row.arn
 
@@ -364,7 +365,7 @@ def _start(ctx: Context, svc: dict, primary: dict, observed, count: int) -> list
         row = task.row
         if row.desired_status == "RUNNING":
             provider = task.doc.get("capacityProviderName") or next(
-                iter(s["capacityProvider"] for s in json.loads(row.placement or "{}").get("capacityProviderStrategy",
+                iter(s["capacityProvider"] for s in jsonio.loads(row.placement or "{}").get("capacityProviderStrategy",
                                                                                            [])), None)
             if provider:
                 counts[provider] = counts.get(provider, 0) + 1

@@ -13,10 +13,10 @@ The cursor is the string "<txid>.<seq>" of the last event returned.
 
 from __future__ import annotations
 
-import json
 
 from sqlalchemy import Connection, and_, insert, or_, select, text
 
+from shoal import jsonio
 from shoal.domain.errors import InvalidParameter
 from shoal.events.envelope import envelope
 from shoal.store.prepared import Prepared
@@ -29,7 +29,7 @@ def append(conn: Connection, detail_type: str, resources: list[str], detail: dic
            region: str, account: str, now: float, **fields) -> dict:
     env = envelope(detail_type, resources, detail, region=region, account=account, now=now, **fields)
     _INSERT.run(conn, {"event_id": env["id"], "detail_type": detail_type, "time": env["time"],
-                           "envelope": json.dumps(env, separators=(",", ":"))})
+                           "envelope": jsonio.dumps(env)})
     return env
 
 
@@ -75,4 +75,4 @@ def read(conn: Connection, after: str | None, limit: int) -> tuple[list[dict], s
         stmt = stmt.where(events.c.txid < _horizon(conn))
     rows = conn.execute(stmt.order_by(events.c.txid, events.c.seq).limit(limit)).all()
     next_cursor = f"{rows[-1].txid}.{rows[-1].seq}" if rows else f"{txid}.{seq}"
-    return [json.loads(r.envelope) for r in rows], next_cursor
+    return [jsonio.loads(r.envelope) for r in rows], next_cursor

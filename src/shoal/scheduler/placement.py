@@ -18,11 +18,11 @@ decision never re-reads thousands of host rows:
 
 from __future__ import annotations
 
-import json
 import time
 
 from sqlalchemy import bindparam, event, select, update
 
+from shoal import jsonio
 from shoal.api.operations import Context, dumps
 from shoal.domain.tasks import PENDING_STATES
 from shoal.events.changes import emit_task_change
@@ -53,23 +53,23 @@ def task_definition(ctx: Context, arn: str) -> dict:
     doc = _definitions.get(arn)
     if doc is None:
         row = ctx.conn.execute(select(task_definitions.c.doc).where(task_definitions.c.arn == arn)).first()
-        doc = _definitions.setdefault(arn, json.loads(row.doc))
+        doc = _definitions.setdefault(arn, jsonio.loads(row.doc))
     return doc
 
 
 def plan_for(placement: dict | str) -> Plan:
     """The compiled plan of a placement (its JSON, as stored on the task row, or the dict)."""
-    key = placement if isinstance(placement, str) else json.dumps(placement, sort_keys=True)
+    key = placement if isinstance(placement, str) else jsonio.dumps(placement, sort_keys=True)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 10_000:
             _plans.clear()
-        plan = _plans[key] = Plan.compile(json.loads(key))
+        plan = _plans[key] = Plan.compile(jsonio.loads(key))
     return plan
 
 
 def host_info(row) -> HostInfo:
-    doc = json.loads(row.doc)
+    doc = jsonio.loads(row.doc)
     resources = {r["name"]: r for r in doc["registeredResources"]}
     return HostInfo(
         arn=row.arn, version=row.version, status=row.status, connected=bool(doc.get("agentConnected")),
@@ -81,7 +81,7 @@ def host_info(row) -> HostInfo:
         attributes={a["name"]: a.get("value") for a in doc.get("attributes", [])},
         registered_at=doc.get("registeredAt") or 0.0,
         agent_version=(doc.get("versionInfo") or {}).get("agentVersion"),
-        ec2_instance_id=doc.get("ec2InstanceId"), allocations=json.loads(row.allocations))
+        ec2_instance_id=doc.get("ec2InstanceId"), allocations=jsonio.loads(row.allocations))
 
 
 class _ClusterHosts:
@@ -201,9 +201,11 @@ class Placer:
                 else:
                     table.upsert(host_info(row))
                 raise StaleWrite(f"container instance {arn} changed under placement: {problem}")
-        doc, allocations = json.loads(row.doc), json.loads(row.allocations)
+        doc, allocations = jsonio.loads(row.doc), jsonio.loads(row.allocations)
         allocations.update(new)
         version = write_allocations(self.ctx, row, doc, allocations)
+        for task_arn in new:
+            self.ctx.tell_agent(arn, task_arn)
         if slot is not None and row.version == table.hosts[slot].version:
             table.hosts[slot].version = version  # the table already holds these decisions
         else:  # take the host as it now is
@@ -215,17 +217,16 @@ class Placer:
 def _unusable(row, new: dict[str, dict], *, connected_required: bool) -> str | None:
     if row is None or row.status != "ACTIVE":
         return "not ACTIVE"
-    doc = json.loads(row.doc)
+    doc = jsonio.loads(row.doc)
     if connected_required and not doc.get("agentConnected"):
         return "agent not connected"
-    return overbooked(doc["registeredResources"], doc.get("gpuDevices", []), {**json.loads(row.allocations), **new})
+    return overbooked(doc["registeredResources"], doc.get("gpuDevices", []), {**jsonio.loads(row.allocations), **new})
 
 
 def write_allocations(ctx: Context, row, doc: dict, allocations: dict) -> int:
     capacity = HostCapacity(row.arn, doc["registeredResources"], doc.get("gpuDevices", []), allocations)
     doc["remainingResources"] = capacity.remaining()
     doc["gpuDevices"] = capacity.devices_now()
-    ctx.touched_hosts.add(row.arn)
     written = _WRITE_HOST.run(ctx.conn, {"host": row.arn, "expected": row.version, "next_version": row.version + 1,
                                          "new_allocations": dumps(allocations), "new_doc": dumps(doc)})
     if written != 1:
@@ -240,10 +241,10 @@ def release(ctx: Context, host_arn: str | None, task_arn: str) -> None:
     row = _HOST_FOR_UPDATE.first(ctx.conn, {"host": host_arn})
     if row is None:
         return
-    allocations = json.loads(row.allocations)
+    allocations = jsonio.loads(row.allocations)
     if allocations.pop(task_arn, None) is None:
         return
-    version = write_allocations(ctx, row, json.loads(row.doc), allocations)
+    version = write_allocations(ctx, row, jsonio.loads(row.doc), allocations)
     ctx.dirty_clusters.add(row.cluster_name)
     hosts = _tables.get((id(ctx.conn.engine), row.cluster_name))
     slot = hosts.table.slot.get(host_arn) if hosts else None
@@ -267,7 +268,7 @@ def place_pending(ctx: Context, cluster_name: str) -> int:
         return 0
     placer, placed = Placer(ctx, cluster_name, fresh=True), 0
     for row in rows:
-        doc = json.loads(row.doc)
+        doc = jsonio.loads(row.doc)
         reason = placer.place(doc, row.placement or "{}")
         if reason is None:
             doc["version"] += 1

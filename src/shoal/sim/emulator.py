@@ -165,12 +165,12 @@ class Emulator:
 
     # -- polling -----------------------------------------------------------------------------
     async def _poll_loop(self, host: SimHost) -> None:
-        conn, since, backoff = Connection(self.endpoint), "", 0.2
+        conn, since, cursor, backoff = Connection(self.endpoint), "", "", 0.2
         try:
             while not host.silenced:
                 wait = round(self.poll_wait * (1 - POLL_JITTER * self._rng.random()), 2)
                 try:
-                    status, answer = await conn.request("GET", f"/v1/agent/poll?since={since}&wait={wait}",
+                    status, answer = await conn.request("GET", f"/v1/agent/poll?since={since}&cursor={cursor}&wait={wait}",
                                                         host.token, timeout=wait + 30)
                 except HttpError as err:
                     status, answer = None, {"message": str(err)}
@@ -185,9 +185,9 @@ class Emulator:
                     backoff = min(backoff * 2, MAX_BACKOFF)
                     continue
                 backoff = 0.2
-                since = answer["version"]
+                since, cursor = answer["version"], answer["cursor"]
                 self._seen_status(host, answer["status"])
-                host.reconcile(answer["tasks"])
+                host.reconcile(answer["tasks"], full=answer["full"], cursor=cursor)
                 if answer["status"] == "INACTIVE":  # deregistered: its tasks are left as they are
                     return
         finally:

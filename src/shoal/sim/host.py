@@ -89,7 +89,9 @@ class SimHost:
         self.token: str | None = None      # the host's own credential, once registered
         self.status: str | None = None     # as the latest poll answered (REGISTERING, ACTIVE, …)
         self.tasks: dict[str, SimTask] = {}  # running, or stopped and not yet acknowledged
-        self.done: set[str] = set()          # STOPPED acknowledged; ignored if a stale poll lists them
+        # STOPPED and acknowledged, with the sequence number of the task's latest listing: an
+        # answer that lists it again (one read before the STOPPED report landed) is ignored.
+        self.done: dict[str, int] = {}
         self.outbox: list[dict] = []         # snapshots not yet accepted, in order
         self.queued = False                  # in the emulator's report queue
         self.silenced = False                # stopped polling on purpose (a lost agent)
@@ -115,13 +117,14 @@ class SimHost:
                             mps=True, shape=self.shape)
 
     # -- desired state -----------------------------------------------------------------------
-    def reconcile(self, desired: list[dict]) -> None:
-        """Act on a poll answer: start new tasks, stop those whose desiredStatus is STOPPED."""
+    def reconcile(self, desired: list[dict], *, full: bool = True, cursor: int = 0) -> None:
+        """Act on a poll answer (every task, or what changed since the last one): start new
+        tasks, stop those whose desiredStatus is STOPPED."""
         listed = set()
         for spec in desired:
             arn = spec["taskArn"]
             listed.add(arn)
-            if arn in self.done:
+            if arn in self.done or spec["lastStatus"] == "STOPPED":
                 continue
             task = self.tasks.get(arn)
             if task is None:
@@ -133,14 +136,17 @@ class SimHost:
                     self._later(task, task.outcome.start_delay, self._start)
             elif spec["desiredStatus"] == "STOPPED":
                 self._stop(task)
-        self.done &= listed  # an answer that no longer lists a task is past every stale answer
+        # Past every stale answer: one that no longer lists a finished task, or whose cursor has
+        # passed the task's latest change (later answers list it only if it changes again).
+        if self.done:
+            self.done = {arn: seq for arn, seq in self.done.items() if (arn in listed if full else seq > cursor)}
 
     def acknowledged(self, state: dict) -> None:
         """The server's answer to a report: forget tasks it has as STOPPED."""
         task = self.tasks.get(state["taskArn"])
         if state["lastStatus"] == "STOPPED" and task is not None and task.status == "STOPPED":
             del self.tasks[task.arn]
-            self.done.add(task.arn)
+            self.done[task.arn] = task.spec.get("seq") or 0
 
     def close(self) -> None:
         for task in self.tasks.values():

@@ -51,6 +51,19 @@ class Prepared:
         finally:
             cursor.close()
 
+    def run_many(self, conn: Connection, rows: list[dict]) -> None:
+        """Execute once per parameter set (the DBAPI's executemany); every set has the same keys."""
+        if not rows:
+            return
+        sql, positions, literals = self._compile(conn, tuple(sorted(rows[0])))
+        args = [tuple({**literals, **row}[name] for name in positions) if positions else {**literals, **row}
+                for row in rows]
+        cursor = conn.connection.dbapi_connection.cursor()
+        try:
+            cursor.executemany(sql, args)
+        finally:
+            cursor.close()
+
     def all(self, conn: Connection, params: dict) -> list:
         cursor = self._cursor(conn, params)
         try:

@@ -84,9 +84,12 @@ tasks = Table(
     # The daemon a daemon task belongs to (its startedBy is the daemon's ARN, its group
     # "daemon:<name>"); NULL for every other task. DescribeDaemon counts hosts by it.
     Column("daemon_name", String(255)),
+    # The host's desired_seq when this task's desired state on its host last changed (placed
+    # there, or asked to stop): a poll with cursor N gets the tasks above N (shoal.api.agent.desired).
+    Column("host_seq", Integer),
     Index("ix_tasks_cluster_desired", "cluster_name", "desired_status", "created_at"),
     Index("ix_tasks_cluster_last", "cluster_name", "last_status"),
-    Index("ix_tasks_instance", "container_instance_arn"),
+    Index("ix_tasks_instance", "container_instance_arn", "host_seq"),
     Index("ix_tasks_service", "cluster_name", "service_name", "started_by"),
     Index("ix_tasks_daemon", "cluster_name", "daemon_name"),
 )
@@ -108,6 +111,9 @@ container_instances = Table(
     # What placement gave each task on this host (JSON {taskArn: allocation}); the document's
     # remainingResources and gpuDevices are always recomputed from it, so they cannot drift.
     Column("allocations", Text, nullable=False, server_default="{}"),
+    # Moves (under the row lock, so in commit order) with every change of what the host's
+    # agent should run; its long-poll asks for what changed since the value it last saw.
+    Column("desired_seq", Integer, nullable=False, server_default="0"),
     UniqueConstraint("agent_token_hash", name="uq_container_instances_agent_token_hash"),
     Index("ix_container_instances_cluster_status", "cluster_name", "status"),
     Index("ix_container_instances_ec2", "ec2_instance_id"),
@@ -316,4 +322,38 @@ queue_messages = Table(
     Column("receipt", String(64)),
     Column("receive_count", Integer, nullable=False, server_default="0"),
     Index("ix_queue_messages_queue", "queue", "visible_at", "id"),
+)
+
+# The per-cluster action log: what shoal did and why (shoal.events.action_log). Written in the
+# transaction of the action it describes; read oldest first by `id`. `daemon_name` is set on the
+# entries about one daemon, for `shoal actions list --daemon`.
+action_logs = Table(
+    "action_logs",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("cluster_name", String(255), nullable=False),
+    Column("timestamp", Float, nullable=False),
+    Column("log_level", String(8), nullable=False),  # INFO | WARN | ERROR
+    Column("resource_arn", String(512), nullable=False),
+    Column("action_source_id", String(512), nullable=False),
+    Column("event_name", String(128), nullable=False),
+    Column("detail", Text, nullable=False),  # JSON object
+    Column("daemon_name", String(255)),
+    Index("ix_action_logs_cluster", "cluster_name", "id"),
+    Index("ix_action_logs_daemon", "cluster_name", "daemon_name", "id"),
+)
+
+# Named shoal alarms, set through the API (shoal.control.alarms); daemon deployments watch them.
+# `entered_alarm_at` is when the alarm last went into ALARM from another state: a deployment
+# trips on an alarm that entered ALARM after it started, even if it is OK again by the time the
+# reconciler looks.
+alarms = Table(
+    "alarms",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("state", String(32), nullable=False),  # ALARM | OK | INSUFFICIENT_DATA
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("updated_at", Float, nullable=False),
+    Column("entered_alarm_at", Float),
+    Column("version", Integer, nullable=False),
 )

@@ -1,8 +1,12 @@
 """The agent protocol over HTTP: register, long-poll desired state, report.
 
   POST /v1/agent/register   Authorization: Bearer <join token>    -> {containerInstanceArn, token}
-  GET  /v1/agent/poll?since=<version>&wait=<seconds>   Bearer <host token>
-                                                                   -> {version, status, tasks}
+  GET  /v1/agent/poll?since=<version>&cursor=<n>&wait=<seconds>   Bearer <host token>
+                                                      -> {version, status, cursor, full, tasks}
+
+`since` is the wake-up token of the previous answer: the poll waits until something changed.
+`cursor` is its data position: the answer then carries only the tasks whose desired state
+changed since (`full` false); without one, every task on the host that has not stopped.
   POST /v1/agent/report     Bearer <host token>   {updates: [task snapshot, …], health: {…}}
 
 The join token is the cluster-joining secret; registering exchanges it for a credential of the
@@ -13,7 +17,6 @@ body, like the ECS API.
 from __future__ import annotations
 
 import hmac
-import json
 import secrets
 import time
 
@@ -21,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from shoal import jsonio
 from shoal.api.agent import state
 from shoal.api.operations import Context
 from shoal.api.protocol.awsjson import error_body
@@ -48,7 +52,7 @@ class AgentProtocol:
     def _wrap(self, handler):
         async def endpoint(request: Request) -> Response:
             try:
-                return _json(200, json.dumps(await handler(request), separators=(",", ":")).encode())
+                return _json(200, jsonio.dumpb(await handler(request)))
             except ApiError as err:
                 return _json(err.status, error_body(err))
         return endpoint
@@ -66,7 +70,7 @@ class AgentProtocol:
         if len(raw) > MAX_BODY:
             raise ApiError(f"The request body exceeds {MAX_BODY} bytes.", "SerializationException")
         try:
-            body = json.loads(raw or b"{}")
+            body = jsonio.loads(raw or b"{}")
         except ValueError:
             raise ApiError("The request body is not valid JSON.", "SerializationException") from None
         if not isinstance(body, dict):
@@ -88,16 +92,22 @@ class AgentProtocol:
             wait = min(float(request.query_params.get("wait", "20")), MAX_WAIT)
         except ValueError:
             raise InvalidParameter("Invalid parameter 'wait': seconds, as a number.") from None
+        cursor = request.query_params.get("cursor") or None
+        if cursor is not None:
+            if not cursor.isdigit():
+                raise InvalidParameter("Invalid parameter 'cursor': the cursor of an earlier answer, or empty.")
+            cursor = int(cursor)
         host = await self.store.read(lambda conn: state.host_for_token(Context(conn, self.arns), token))
         host_arn = host.arn
-        if not json.loads(host.doc).get("agentConnected"):
+        if not jsonio.loads(host.doc).get("agentConnected"):
             await self.hub.write(lambda ctx: state.connected(ctx, token))
         self.last_seen[host_arn] = time.monotonic()
         await self.hub.signals.wait(host_arn, request.query_params.get("since"), wait)
         # Read the token before the state: a change committed in between makes the next poll
         # return at once instead of being missed.
         version = self.hub.signals.token(host_arn)
-        desired = await self.store.read(lambda conn: state.desired_state(Context(conn, self.arns), host_arn))
+        desired = await self.store.read(
+            lambda conn: state.desired_state(Context(conn, self.arns), host_arn, cursor))
         self.last_seen[host_arn] = time.monotonic()
         return {"version": version, **desired}
 

@@ -5,11 +5,11 @@ in that transaction."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 
 from sqlalchemy import bindparam, insert, select, update
 
+from shoal import jsonio
 from shoal.api.ecs.common import cluster_row
 from shoal.api.ecs.container_instances import HEALTH_CHECKS, emit_instance_change, initial_health
 from shoal.api.operations import Context, dumps
@@ -38,9 +38,11 @@ _HOST_COLUMNS = (cis.c.arn, cis.c.cluster_name, cis.c.status, cis.c.version, cis
 _HOST_BY_TOKEN = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash")))
 _HOST_BY_TOKEN_FOR_UPDATE = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash"))
                                      .with_for_update())
-_HOST_STATUS = Prepared(select(cis.c.status).where(cis.c.arn == bindparam("host")))
-_TASKS_ON_HOST = Prepared(select(tasks.c.doc).where(tasks.c.container_instance_arn == bindparam("host"),
-                                                    tasks.c.last_status != "STOPPED"))
+_HOST_STATUS = Prepared(select(cis.c.status, cis.c.desired_seq).where(cis.c.arn == bindparam("host")))
+_TASKS_ON_HOST = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
+    tasks.c.container_instance_arn == bindparam("host"), tasks.c.last_status != "STOPPED"))
+_TASKS_CHANGED = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
+    tasks.c.container_instance_arn == bindparam("host"), tasks.c.host_seq > bindparam("cursor")))
 _TASK_FOR_UPDATE = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.container_instance_arn, tasks.c.cluster_name,
                                    tasks.c.service_name, tasks.c.doc)
                             .where(tasks.c.arn == bindparam("task")).with_for_update())
@@ -90,7 +92,7 @@ def register(ctx: Context, body: dict, token: str) -> dict:
     provider = body.get("capacityProvider")
     if provider is not None:
         row = ctx.conn.execute(select(capacity_providers).where(capacity_providers.c.name == provider)).first()
-        if row is None or row.status != "ACTIVE" or provider not in json.loads(cluster.doc)["capacityProviders"]:
+        if row is None or row.status != "ACTIVE" or provider not in jsonio.loads(cluster.doc)["capacityProviders"]:
             raise InvalidParameter(f"Invalid parameter 'capacityProvider': '{provider}' is not a capacity provider "
                                    f"of cluster '{cluster.name}'.")
     res = body.get("resources") or {}
@@ -169,7 +171,7 @@ def _cluster_of(ctx: Context, host):
 def connected(ctx: Context, token: str) -> str:
     """A poll arrived: the agent is connected. Returns the host's ARN."""
     host = host_for_token(ctx, token, for_update=True)
-    doc = json.loads(host.doc)
+    doc = jsonio.loads(host.doc)
     if not doc.get("agentConnected"):
         doc.update(agentConnected=True, version=doc["version"] + 1)
         update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, doc=dumps(doc))
@@ -183,20 +185,27 @@ def disconnected(ctx: Context, host_arn: str) -> None:
     host = ctx.conn.execute(select(cis).where(cis.c.arn == host_arn).with_for_update()).first()
     if host is None or host.status == "INACTIVE":
         return
-    doc = json.loads(host.doc)
+    doc = jsonio.loads(host.doc)
     if doc.get("agentConnected"):
         doc.update(agentConnected=False, version=doc["version"] + 1)
         update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, doc=dumps(doc))
         emit_instance_change(ctx, _cluster_of(ctx, host), doc)
 
 
-def desired_state(ctx: Context, host_arn: str) -> dict:
-    """What the host's agent should run: every task on it that has not stopped."""
+def desired_state(ctx: Context, host_arn: str, cursor: int | None = None) -> dict:
+    """What the host's agent should run. Without a cursor, every task on the host that has not
+    stopped (`full`); with the cursor of an earlier answer, the tasks whose desired state changed
+    since, stopped ones included (see shoal.api.agent.desired)."""
+    # The sequence first: a change that commits between the two reads is then sent again next
+    # time rather than never.
     host = _HOST_STATUS.first(ctx.conn, {"host": host_arn})
-    rows = _TASKS_ON_HOST.all(ctx.conn, {"host": host_arn})
+    if cursor is None or cursor > host.desired_seq:  # (a cursor from a recreated database)
+        rows, full = _TASKS_ON_HOST.all(ctx.conn, {"host": host_arn}), True
+    else:
+        rows, full = _TASKS_CHANGED.all(ctx.conn, {"host": host_arn, "cursor": cursor}), False
     out = []
-    for (text,) in rows:
-        doc = json.loads(text)
+    for text, seq in rows:
+        doc = jsonio.loads(text)
         td = task_definition(ctx, doc["taskDefinitionArn"])
         out.append({
             "taskArn": doc["taskArn"], "desiredStatus": doc["desiredStatus"], "lastStatus": doc["lastStatus"],
@@ -204,9 +213,9 @@ def desired_state(ctx: Context, host_arn: str) -> dict:
             "overrides": doc.get("overrides", {}), "family": td["family"], "revision": td["revision"],
             "containerDefinitions": td["containerDefinitions"],
             "containers": [{k: c[k] for k in ("name", "containerArn", "gpuIds") if k in c} for c in doc["containers"]],
-            "stopCode": doc.get("stopCode"), "stoppedReason": doc.get("stoppedReason"),
+            "stopCode": doc.get("stopCode"), "stoppedReason": doc.get("stoppedReason"), "seq": seq,
         })
-    return {"status": host.status, "tasks": out}
+    return {"status": host.status, "cursor": host.desired_seq, "full": full, "tasks": out}
 
 
 def _merge_container(current: dict, reported: dict) -> dict:
@@ -235,7 +244,7 @@ def _container_snapshots(containers) -> dict[str, dict]:
 
 def _state(doc: dict) -> str:
     """The task document without its health: what a task state change is made of."""
-    return json.dumps({**doc, "healthStatus": None,
+    return jsonio.dumps({**doc, "healthStatus": None,
                        "containers": [{**c, "healthStatus": None} for c in doc["containers"]]}, sort_keys=True)
 
 
@@ -250,13 +259,13 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
     row = _TASK_FOR_UPDATE.first(ctx.conn, {"task": arn})
     if row is None or row.container_instance_arn != host.arn:
         raise _denied(f"Task '{arn}' is not on this host: a host's credential reaches its own tasks only.")
-    doc = json.loads(row.doc)
+    doc = jsonio.loads(row.doc)
     if doc["lastStatus"] == "STOPPED":
         return {"taskArn": row.arn, "lastStatus": "STOPPED", "desiredStatus": "STOPPED", "version": doc["version"]}
     status = update.get("lastStatus", doc["lastStatus"])
     if status not in TASK_ORDER:
         raise InvalidParameter(f"Invalid parameter 'updates[].lastStatus': unknown task status {status!r}.")
-    before, state_before = json.dumps(doc, sort_keys=True), _state(doc)
+    before, state_before = jsonio.dumps(doc, sort_keys=True), _state(doc)
     if TASK_ORDER.index(status) > TASK_ORDER.index(doc["lastStatus"]):
         doc["lastStatus"] = status
     reported = _container_snapshots(update.get("containers", []))
@@ -274,7 +283,7 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
         doc["stoppedReason"] = str(update.get("stoppedReason") or "")[:1024]
     if update.get("healthStatus") in ("HEALTHY", "UNHEALTHY", "UNKNOWN"):
         doc["healthStatus"] = update["healthStatus"]
-    if json.dumps(doc, sort_keys=True) != before:
+    if jsonio.dumps(doc, sort_keys=True) != before:
         # Health alone is not a state change (task events carry no health): no new version, no event.
         state_changed = _state(doc) != state_before
         if state_changed:
@@ -295,7 +304,7 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
 
 def apply_health(ctx: Context, host, checks: dict) -> None:
     """The agent's health checks; the first healthy report makes a REGISTERING host ACTIVE."""
-    doc = json.loads(host.doc)
+    doc = jsonio.loads(host.doc)
     health = doc.get("healthStatus") or initial_health(ctx.now)
     details = {d["type"]: d for d in health["details"]}
     changed = False
@@ -328,7 +337,7 @@ def apply_health(ctx: Context, host, checks: dict) -> None:
     if status_changed:
         emit_instance_change(ctx, _cluster_of(ctx, host), doc)
         ctx.dirty_clusters.add(host.cluster_name)
-        ctx.touched_hosts.add(host.arn)
+        ctx.tell_agent(host.arn)
 
 
 def report(ctx: Context, token: str, body: dict) -> dict:

@@ -219,7 +219,7 @@ def update_container_instances_state(ctx: Context, req: dict) -> dict:
             doc.update(status=status, version=doc["version"] + 1)
             update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status=status, doc=dumps(doc))
             emit_instance_change(ctx, cluster, doc)
-            ctx.touched_hosts.add(row.arn)
+            ctx.tell_agent(row.arn)
             if status == "DRAINING":
                 _reschedule_services(ctx, cluster.name, row.arn)
             else:
@@ -256,6 +256,6 @@ def deregister_container_instance(ctx: Context, req: dict) -> dict:
     doc.update(status="INACTIVE", agentConnected=False, version=doc["version"] + 1)
     update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status="INACTIVE", doc=dumps(doc))
     emit_instance_change(ctx, cluster, doc)
-    ctx.touched_hosts.add(row.arn)  # its agent learns it has left the cluster
+    ctx.tell_agent(row.arn)  # its agent learns it has left the cluster
     _reschedule_services(ctx, cluster.name, row.arn)
     return {"containerInstance": _public(doc, None)}

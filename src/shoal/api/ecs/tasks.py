@@ -222,11 +222,12 @@ def stop_task(ctx: Context, req: dict) -> dict:
         doc = domain.stop_unstarted(doc, reason, "UserInitiated", ctx.now)
         release(ctx, doc.get("containerInstanceArn"), doc["taskArn"])
     else:
-        ctx.touched_hosts.add(doc["containerInstanceArn"])
         doc.update(desiredStatus="STOPPED", stopCode="UserInitiated", stoppedReason=reason, stoppingAt=ctx.now,
                    version=doc["version"] + 1)
     update_versioned(ctx.conn, tasks, {"arn": row.arn}, row.version, last_status=doc["lastStatus"],
                      desired_status=doc["desiredStatus"], doc=dumps(doc))
+    if doc.get("containerInstanceArn"):  # also a task stopped unstarted: an agent may hold it
+        ctx.tell_agent(doc["containerInstanceArn"], row.arn)
     emit_task_change(ctx, doc)
     return {"task": without_tags(doc, None)}
 

@@ -8,10 +8,12 @@ botocore's model, run the handler in a store transaction, and answer with the re
 from __future__ import annotations
 
 import json
+
 import logging
 import uuid
 
-from shoal.api.operations import Context, Registry
+from shoal import jsonio
+from shoal.api.operations import Registry, run_unit
 from shoal.api.protocol import sigv4
 from shoal.api.protocol.validation import service_model, validate
 from shoal.domain.errors import ApiError, ServerError, UnknownOperation
@@ -70,7 +72,7 @@ class AwsJsonEndpoint:
         try:
             self.authenticate(method, path, query, headers, body)
             result = await self._dispatch(headers.get("x-amz-target", ""), body)
-            return 200, json.dumps(result, separators=(",", ":")).encode()
+            return 200, jsonio.dumpb(result)
         except ApiError as err:
             return err.status, error_body(err)
         except Exception:
@@ -88,7 +90,7 @@ class AwsJsonEndpoint:
         if operation is None:
             raise UnknownOperation(f"Unknown operation '{target}'.")
         try:
-            params = _without_nulls(json.loads(body)) if body.strip() else {}
+            params = _without_nulls(jsonio.loads(body)) if body.strip() else {}
         except (ValueError, RecursionError):
             raise ApiError("The request body is not valid JSON.", "SerializationException") from None
         try:
@@ -97,8 +99,7 @@ class AwsJsonEndpoint:
             raise ApiError(err.message, registry.invalid_input) from None
 
         def unit_of_work(conn):
-            ctx = Context(conn, self.arns)
-            return operation.handler(ctx, params), ctx
+            return run_unit(conn, self.arns, lambda ctx: operation.handler(ctx, params))
 
         if operation.write:
             result, ctx = await self.store.write(unit_of_work)
