@@ -23,6 +23,7 @@ class Settings:
     agent_timeout: float = 30.0  # seconds without a poll before a host's agent counts as disconnected
     service_healthy_after: float = 40.0  # seconds a service task without health checks runs before it is healthy
     action_log_file: Path | None = None  # also append each committed action-log entry here (JSONL)
+    daemon_start_timeout: float = 300.0  # how long a critical daemon may take to start on a new host
 
     @property
     def database_url(self) -> str:

@@ -27,7 +27,7 @@ from shoal.domain.arns import ArnFactory
 from shoal.store import migrate
 from shoal.store.db import Store
 from shoal.store.tables import container_instances, metadata, tasks
-from tests.support import database_url_for
+from tests.support import database_url_for, wait_for
 
 ARN = "arn:shoal:ecs:local:000000000000"
 DEPLOYMENT_CHANGE = "ECS Daemon Deployment State Change"
@@ -370,30 +370,26 @@ def test_delete_daemon_starts_a_deployment_without_target_and_keeps_its_definiti
 
     deleted = ecs.delete_daemon(daemonArn=arn)
     assert deleted["status"] == "DELETE_IN_PROGRESS" and deleted["deploymentArn"] != created["deploymentArn"]
-    daemon = ecs.describe_daemon(daemonArn=arn)["daemon"]
-    assert daemon["status"] == "DELETE_IN_PROGRESS" and daemon["deploymentArn"] == deleted["deploymentArn"]
-    dep = deployment(ecs, deleted["deploymentArn"])
-    assert dep["status"] == "PENDING" and "targetDaemonRevision" not in dep
-    assert [s["arn"] for s in dep["sourceDaemonRevisions"]] == [rev]
     assert deployment(ecs, created["deploymentArn"])["status"] == "STOPPED"
-    [brief, _] = ecs.list_daemon_deployments(daemonArn=arn)["daemonDeployments"]
-    assert "targetDaemonRevisionArn" not in brief
-    last = deployment_events(server, arn)[-1]["detail"]
-    assert last["eventName"] == "DAEMON_DEPLOYMENT_PENDING" and "targetDaemonRevisionArn" not in last
-    assert [s["status"] for s in ecs.list_daemons(clusterArn=env["cluster"])["daemonSummariesList"]] == \
-        ["DELETE_IN_PROGRESS"]
-
-    for call in (lambda: ecs.delete_daemon(daemonArn=arn),
-                 lambda: ecs.update_daemon(daemonArn=arn, daemonTaskDefinitionArn=env["td"],
-                                           capacityProviderArns=[env["asg"]])):
-        with pytest.raises(ClientError) as err:
-            call()
-        assert error_code(err) == "DaemonNotActiveException"
+    # No host runs it: the daemon scheduler finishes the deletion at once and forgets the daemon.
+    wait_for(lambda: not ecs.list_daemons(clusterArn=env["cluster"])["daemonSummariesList"], timeout=15,
+             message="the deleted daemon to be forgotten")
+    with pytest.raises(ClientError) as err:
+        ecs.describe_daemon(daemonArn=arn)
+    assert error_code(err) == "DaemonNotFoundException"
+    dep = deployment(ecs, deleted["deploymentArn"])
+    assert dep["status"] == "SUCCESSFUL" and "targetDaemonRevision" not in dep
+    assert [s["arn"] for s in dep["sourceDaemonRevisions"]] == [rev]
+    removal = [e["detail"] for e in deployment_events(server, arn)
+               if e["detail"]["daemonDeploymentArn"] == deleted["deploymentArn"]]
+    assert [d["eventName"] for d in removal] == ["DAEMON_DEPLOYMENT_PENDING", "DAEMON_DEPLOYMENT_IN_PROGRESS",
+                                                 "DAEMON_DEPLOYMENT_SUCCESSFUL"]
+    assert all("targetDaemonRevisionArn" not in d for d in removal)
     with pytest.raises(ClientError) as err:
         ecs.tag_resource(resourceArn=arn, tags=[{"key": "k", "value": "v"}])
     assert error_code(err) == "ResourceNotFoundException"
     assert ecs.describe_daemon_task_definition(daemonTaskDefinition=env["td"])["daemonTaskDefinition"][
-        "status"] == "DELETE_IN_PROGRESS", "the daemon still runs it until its tasks are gone"
+        "status"] == "DELETED", "no daemon runs it any more"
 
 
 def test_update_daemon_off_a_deleted_definition_finishes_its_deletion(ecs, env):
@@ -469,10 +465,17 @@ def test_a_reconciler_advances_deployments_and_forgets_a_deleted_daemon(server, 
     removal = ecs.delete_daemon(daemonArn=arn)["deploymentArn"]
     assert reconciler(daemons_api.remove, arn) is False, "a task of it still runs"
     assert ecs.describe_daemon(daemonArn=arn)["daemon"]["status"] == "DELETE_IN_PROGRESS"
-    stop_task(engine, task)
-    reconciler(daemons_api.set_deployment_status, removal, "IN_PROGRESS")
-    reconciler(daemons_api.set_deployment_status, removal, "SUCCESSFUL")
-    assert reconciler(daemons_api.remove, arn) is True
+    for call in (lambda: ecs.delete_daemon(daemonArn=arn),
+                 lambda: ecs.update_daemon(daemonArn=arn, daemonTaskDefinitionArn=env["td"],
+                                           capacityProviderArns=[env["asg"]])):
+        with pytest.raises(ClientError) as err:
+            call()
+        assert error_code(err) == "DaemonNotActiveException"
+    assert ecs.describe_daemon_task_definition(daemonTaskDefinition=env["td"])["daemonTaskDefinition"][
+        "status"] == "DELETE_IN_PROGRESS", "the daemon still runs it until its tasks are gone"
+    stop_task(engine, task)  # its last task is gone: the daemon scheduler finishes the deletion
+    wait_for(lambda: not ecs.list_daemons(clusterArn=cluster)["daemonSummariesList"], timeout=15,
+             message="the deleted daemon to be forgotten")
     with pytest.raises(ClientError) as err:
         ecs.describe_daemon(daemonArn=arn)
     assert error_code(err) == "DaemonNotFoundException"

@@ -16,6 +16,7 @@ from shoal.api.eventbridge import register_all as register_eventbridge
 from shoal.api.operations import ecs, eventbridge
 from shoal.api.protocol.awsjson import AwsJsonEndpoint
 from shoal.api.queues import queue_routes
+from shoal.control.daemons import DaemonScheduler
 from shoal.api.rest import events_endpoint, healthz
 from shoal.config import Settings
 from shoal.control.hub import Hub
@@ -38,7 +39,8 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
     arns = ArnFactory(settings.region, settings.account)
     dispatcher = Dispatcher(store, settings.webhook_secret.encode())
     hub = Hub(store, arns, capacity=capacity, dispatcher=dispatcher, agent_timeout=settings.agent_timeout,
-              services=ServiceScheduler(healthy_after=settings.service_healthy_after))
+              services=ServiceScheduler(healthy_after=settings.service_healthy_after),
+              daemons=DaemonScheduler(start_timeout=settings.daemon_start_timeout))
     aws = AwsJsonEndpoint(store, [ecs, eventbridge], arns=arns, credentials=settings.credentials if settings.auth else None,
                           committed=hub.committed)
     agents = AgentProtocol(store, arns, settings.join_token, hub)

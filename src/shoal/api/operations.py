@@ -35,6 +35,9 @@ class Context:
     # Services whose scheduler must look again, as (cluster name, service name): one of their
     # tasks changed. See `emit`.
     dirty_services: set[tuple[str, str]] = field(default_factory=set)
+    # Clusters whose daemon scheduler must look again: a daemon, one of its tasks, or a host of
+    # its providers changed (shoal.control.daemons).
+    dirty_daemons: set[str] = field(default_factory=set)
     emitted: int = 0  # events written: the rule router has work
     rules_changed: bool = False  # the router must reload its rule index
 
@@ -52,6 +55,8 @@ class Context:
             # Every change of a service task, whoever made it (an agent's report, StopTask, a
             # drain, a host that vanished), writes this event: the one place to catch them all.
             self.dirty_services.add((detail["clusterArn"].rsplit("/", 1)[-1], detail["group"][len("service:"):]))
+        elif detail_type == TASK_STATE_CHANGE and str(detail.get("group", "")).startswith("daemon:"):
+            self.dirty_daemons.add(detail["clusterArn"].rsplit("/", 1)[-1])
         return outbox.append(self.conn, detail_type, resources, detail,
                              region=self.arns.region, account=self.arns.account, now=self.now, **envelope)
 

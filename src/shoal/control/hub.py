@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from shoal.api.agent import state as agent_state
 from shoal.api.operations import Context, run_unit
+from shoal.control.daemons import DaemonScheduler
 from shoal.control.services import ServiceScheduler
 from shoal.control.signals import HostSignals
 from shoal.domain.tasks import PENDING_STATES
@@ -31,9 +32,10 @@ AGENT_TIMEOUT = 30.0  # an agent long-polls every 20 s at most: silence past thi
 
 class Hub:
     def __init__(self, store, arns, *, capacity=None, dispatcher=None, agent_timeout: float = AGENT_TIMEOUT,
-                 services: ServiceScheduler | None = None):
+                 services: ServiceScheduler | None = None, daemons: DaemonScheduler | None = None):
         self.store, self.arns, self.capacity, self.dispatcher = store, arns, capacity, dispatcher
         self.services = services or ServiceScheduler()
+        self.daemons = daemons or DaemonScheduler()
         self.agent_timeout = agent_timeout
         self.signals = HostSignals()
         self.last_seen: dict[str, float] = {}
@@ -50,9 +52,10 @@ class Hub:
             self.signals.bump(ctx.touched_hosts)
         if self.dispatcher is not None and (ctx.emitted or ctx.rules_changed):
             self.dispatcher.wake()
-        if ctx.dirty_clusters or ctx.dirty_services:
+        if ctx.dirty_clusters or ctx.dirty_services or ctx.dirty_daemons:
             self._dirty |= ctx.dirty_clusters
             self.services.mark(ctx.dirty_services)
+            self.daemons.mark(ctx.dirty_daemons)
             if self._wake is not None:
                 self._wake.set()
 
@@ -64,7 +67,8 @@ class Hub:
     async def run(self) -> None:
         self._wake = asyncio.Event()
         while True:
-            due = self.services.next_due()  # a service asked to be looked at again by then
+            due = min((d for d in (self.services.next_due(), self.daemons.next_due()) if d is not None),
+                      default=None)  # a service or daemon asked to be looked at again by then
             timeout = TICK if due is None else min(TICK, max(due - time.monotonic(), 0.0))
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
@@ -72,6 +76,7 @@ class Hub:
                 self._dirty |= await self.store.read(_clusters_with_waiting_tasks)
             self._wake.clear()
             try:
+                await self.daemons.run_once(self)
                 await self._place()
                 await self.services.run_once(self)
                 await self._sweep_agents()

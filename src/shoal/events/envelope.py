@@ -7,6 +7,7 @@ SOURCE = "shoal.ecs"
 
 TASK_STATE_CHANGE = "ECS Task State Change"
 CONTAINER_INSTANCE_STATE_CHANGE = "ECS Container Instance State Change"
+CONTAINER_INSTANCE_HEALTH_CHANGE = "ECS Container Instance Health Change"
 SERVICE_ACTION = "ECS Service Action"
 DEPLOYMENT_STATE_CHANGE = "ECS Deployment State Change"
 

@@ -72,13 +72,13 @@ class HostTable(HostColumns):
     """
 
     def place(self, task_arn: str, need: Demand, plan: Plan, *, only: str | None = None,
-              require_connected: bool = True) -> Decision | str:
+              require_connected: bool = True, any_status: bool = False) -> Decision | str:
         """Choose a host for one task and record the allocation there; or say why not."""
         if only is not None:  # StartTask: the host the operator named, and no other
             base = np.zeros(self.size, bool)
             i = self.slot.get(only)
             if i is not None:
-                base[i] = self.active[i]
+                base[i] = self.present[i] if any_status else self.active[i]
             return self._decide(task_arn, need, plan, base, self._constrained(base, plan, need))
         reason = None
         for providers in self._provider_order(plan, need.group):

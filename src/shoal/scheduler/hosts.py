@@ -39,9 +39,10 @@ class HostInfo:
     agent_version: str | None = None
     ec2_instance_id: str | None = None
     allocations: dict[str, dict] = field(default_factory=dict)  # task ARN -> allocation
+    blocked: bool = False  # ACTIVE, but takes no new application tasks (a critical daemon is down)
 
     def static_key(self) -> tuple:
-        return (self.status, self.connected, self.provider, tuple(sorted(self.attributes.items(),
+        return (self.status, self.blocked, self.connected, self.provider, tuple(sorted(self.attributes.items(),
                 key=lambda kv: kv[0])), self.agent_version, self.ec2_instance_id, self.registered_at,
                 self.cpu, self.memory, tuple(self.gpus))
 
@@ -163,7 +164,8 @@ class HostColumns:
             self._changed_static()
         allocations, host.allocations = host.allocations, {}
         self.hosts[i] = host
-        self.present[i], self.active[i], self.connected[i] = True, host.status == "ACTIVE", host.connected
+        self.present[i], self.connected[i] = True, host.connected
+        self.active[i] = host.status == "ACTIVE" and not host.blocked
         self.provider[i] = -1 if host.provider is None else self.providers.setdefault(host.provider,
                                                                                       len(self.providers))
         self.cpu_free[i], self.mem_free[i], self.running[i] = host.cpu, host.memory, 0

@@ -31,7 +31,7 @@ from shoal.scheduler.hosts import HostInfo
 from shoal.scheduler.resources import HostCapacity, demand, overbooked
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared
-from shoal.store.tables import container_instances as cis, task_definitions, tasks
+from shoal.store.tables import container_instances as cis, daemon_task_definitions, task_definitions, tasks
 
 PENDING_REASON = "shoal:pending-reason"
 BATCH = 5000  # waiting tasks placed per unit of work by the control loop
@@ -50,9 +50,11 @@ _WRITE_HOST = Prepared(update(cis).where(cis.c.arn == bindparam("host"), cis.c.v
 
 
 def task_definition(ctx: Context, arn: str) -> dict:
+    """A task's definition by ARN: an ordinary one, or a daemon's (a daemon task's)."""
     doc = _definitions.get(arn)
     if doc is None:
-        row = ctx.conn.execute(select(task_definitions.c.doc).where(task_definitions.c.arn == arn)).first()
+        table = daemon_task_definitions if ":daemon-task-definition/" in arn else task_definitions
+        row = ctx.conn.execute(select(table.c.doc).where(table.c.arn == arn)).first()
         doc = _definitions.setdefault(arn, jsonio.loads(row.doc))
     return doc
 
@@ -81,7 +83,8 @@ def host_info(row) -> HostInfo:
         attributes={a["name"]: a.get("value") for a in doc.get("attributes", [])},
         registered_at=doc.get("registeredAt") or 0.0,
         agent_version=(doc.get("versionInfo") or {}).get("agentVersion"),
-        ec2_instance_id=doc.get("ec2InstanceId"), allocations=jsonio.loads(row.allocations))
+        ec2_instance_id=doc.get("ec2InstanceId"), allocations=jsonio.loads(row.allocations),
+        blocked=bool(doc.get("_blocked")))
 
 
 class _ClusterHosts:
@@ -150,6 +153,7 @@ class Placer:
         self._hosts: _ClusterHosts | None = None
         self._placed: dict[str, dict[str, dict]] = {}  # host ARN -> task ARN -> allocation
         self._only: set[str] = set()  # hosts named by StartTask: their agent need not be connected
+        self._any_status: set[str] = set()  # hosts given a daemon's task: they need not be ACTIVE
 
     @property
     def table(self) -> HostTable:
@@ -158,18 +162,22 @@ class Placer:
             return self._hosts.fresh(self.ctx.conn, force=self._fresh)
         return self._hosts.table
 
-    def place(self, task: dict, placement: dict | str, only: str | None = None) -> str | None:
+    def place(self, task: dict, placement: dict | str, only: str | None = None, *,
+              any_status: bool = False) -> str | None:
         """Assign `task` (its document, changed in place) to a host (`only` that one, for
-        StartTask); return None, or why not."""
+        StartTask, and whatever its status with `any_status`: a daemon's task, which starts
+        before its host is ACTIVE and stays while it drains); return None, or why not."""
         need = demand(task, task_definition(self.ctx, task["taskDefinitionArn"]))
         decision = self.table.place(task["taskArn"], need, plan_for(placement), only=only,
-                                    require_connected=only is None)
+                                    require_connected=only is None, any_status=any_status)
         if not isinstance(decision, Decision):
             return decision
         _track(self.ctx.conn, self._hosts, decision.arn)
         self._placed.setdefault(decision.arn, {})[task["taskArn"]] = decision.allocation
         if only:
             self._only.add(decision.arn)
+        if any_status:
+            self._any_status.add(decision.arn)
         host = self.table.hosts[decision.slot]
         task.update(containerInstanceArn=decision.arn, lastStatus="PENDING" if task["lastStatus"] in PENDING_STATES
                     else task["lastStatus"])
@@ -194,7 +202,8 @@ class Placer:
         slot = table.slot.get(arn)
         if row is None or slot is None or row.version != table.hosts[slot].version:
             # The table was behind: check the decisions against what is really there.
-            problem = _unusable(row, new, connected_required=arn not in self._only)
+            problem = _unusable(row, new, connected_required=arn not in self._only,
+                                any_status=arn in self._any_status)
             if problem:
                 if row is None or row.status == "INACTIVE":
                     table.remove(arn)
@@ -214,12 +223,14 @@ class Placer:
             table.upsert(host)
 
 
-def _unusable(row, new: dict[str, dict], *, connected_required: bool) -> str | None:
-    if row is None or row.status != "ACTIVE":
+def _unusable(row, new: dict[str, dict], *, connected_required: bool, any_status: bool = False) -> str | None:
+    if row is None or row.status == "INACTIVE" or (row.status != "ACTIVE" and not any_status):
         return "not ACTIVE"
     doc = jsonio.loads(row.doc)
     if connected_required and not doc.get("agentConnected"):
         return "agent not connected"
+    if connected_required and doc.get("_blocked"):
+        return "a critical daemon is down"
     return overbooked(doc["registeredResources"], doc.get("gpuDevices", []), {**jsonio.loads(row.allocations), **new})
 
 

@@ -8,6 +8,7 @@ and the same value as the resource's `version` field where ECS has one.
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Float,
     Index,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 metadata = MetaData()
@@ -214,6 +216,24 @@ daemon_revisions = Table(
     Column("created_at", Float, nullable=False),
     Column("doc", Text, nullable=False),
     Index("ix_daemon_revisions_daemon", "daemon_arn", "created_at"),
+)
+
+# What the daemon scheduler keeps per (daemon, host) (shoal.control.daemons): the task it
+# started there last, the start failures in a row and when the next start may happen, whether
+# the current failure episode has been announced, and when the first start was tried (the
+# start timeout counts from it).
+daemon_hosts = Table(
+    "daemon_hosts",
+    metadata,
+    Column("daemon_arn", String(512), primary_key=True),
+    Column("host_arn", String(512), primary_key=True),
+    Column("cluster_name", String(255), nullable=False),
+    Column("task_arn", String(512)),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("retry_at", Float, nullable=False, server_default="0"),
+    Column("impaired", Boolean, nullable=False, server_default=false()),
+    Column("first_start_at", Float, nullable=False),
+    Index("ix_daemon_hosts_cluster", "cluster_name"),
 )
 
 # One row per daemon deployment (the DaemonDeployment shape), started by CreateDaemon,

@@ -11,15 +11,16 @@ from sqlalchemy import bindparam, insert, select, update
 
 from shoal import jsonio
 from shoal.api.ecs.common import cluster_row
-from shoal.api.ecs.container_instances import HEALTH_CHECKS, emit_instance_change, initial_health
+from shoal.api.ecs.container_instances import HEALTH_CHECKS, emit_health_change, emit_instance_change, initial_health
 from shoal.api.operations import Context, dumps
-from shoal.domain import arns
+from shoal.domain import arns, health
 from shoal.domain.errors import AuthError, InvalidParameter
 from shoal.events.changes import emit_task_change
 from shoal.scheduler.placement import release, task_definition
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared
-from shoal.store.tables import capacity_providers, container_instances as cis, tasks
+from shoal.store.tables import (capacity_providers, container_instances as cis, daemon_capacity_providers as daemon_cps,
+                                tasks)
 
 HOST_ID_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 MAX_CUSTOM_ATTRIBUTES = 10
@@ -34,7 +35,9 @@ CHECK_STATUSES = ("OK", "IMPAIRED", "INSUFFICIENT_DATA", "INITIALIZING")
 
 # Every poll and every report runs these (thousands of hosts): see shoal.store.prepared. A host
 # is read without its allocations, the one column that grows with its tasks.
-_HOST_COLUMNS = (cis.c.arn, cis.c.cluster_name, cis.c.status, cis.c.version, cis.c.doc)
+_HOST_COLUMNS = (cis.c.arn, cis.c.cluster_name, cis.c.status, cis.c.version, cis.c.capacity_provider_name, cis.c.doc)
+_PROVIDER_DAEMON = Prepared(select(daemon_cps.c.daemon_arn).where(
+    daemon_cps.c.capacity_provider_name == bindparam("provider")).limit(1))
 _HOST_BY_TOKEN = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash")))
 _HOST_BY_TOKEN_FOR_UPDATE = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash"))
                                      .with_for_update())
@@ -302,42 +305,45 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
             "version": doc["version"]}
 
 
+def _has_daemons(ctx: Context, provider: str | None) -> bool:
+    return provider is not None and _PROVIDER_DAEMON.first(ctx.conn, {"provider": provider}) is not None
+
+
 def apply_health(ctx: Context, host, checks: dict) -> None:
-    """The agent's health checks; the first healthy report makes a REGISTERING host ACTIVE."""
+    """The agent's health checks. The DAEMON check is not the agent's to set: the daemon scheduler
+    sets it from the daemons' tasks (shoal.control.daemons), and on a host without daemons it is
+    OK. The first healthy report makes a REGISTERING host ACTIVE, unless daemons must start first
+    (then the daemon scheduler activates it)."""
     doc = jsonio.loads(host.doc)
-    health = doc.get("healthStatus") or initial_health(ctx.now)
-    details = {d["type"]: d for d in health["details"]}
-    changed = False
+    hs = doc.get("healthStatus") or initial_health(ctx.now)
+    before = jsonio.dumps(hs)
+    changed = False  # a transition: announced
     for kind, check in checks.items():
         if kind not in HEALTH_CHECKS or not isinstance(check, dict) or check.get("status") not in CHECK_STATUSES:
             raise InvalidParameter(f"Invalid parameter 'health.{kind}': expected one of {HEALTH_CHECKS} with a "
                                    f"status in {CHECK_STATUSES}.")
-        detail = details.setdefault(kind, {"type": kind, "status": "INITIALIZING", "lastStatusChange": ctx.now})
-        if detail["status"] != check["status"] or detail.get("statusReason") != check.get("reason"):
-            changed = True
-            if detail["status"] != check["status"]:
-                detail["lastStatusChange"] = ctx.now
-            detail["status"] = check["status"]
-            if check.get("reason"):
-                detail["statusReason"] = str(check["reason"])[:1024]
-            else:
-                detail.pop("statusReason", None)
-        detail["lastUpdated"] = ctx.now
-    statuses = [d["status"] for d in details.values()]
-    overall = ("IMPAIRED" if "IMPAIRED" in statuses else "INITIALIZING" if "INITIALIZING" in statuses
-               else "INSUFFICIENT_DATA" if "INSUFFICIENT_DATA" in statuses else "OK")
-    health.update(overallStatus=overall, details=list(details.values()))
-    doc["healthStatus"] = health
-    status_changed = False
-    if host.status == "REGISTERING" and details.get("CONTAINER_RUNTIME", {}).get("status") == "OK":
+        if kind != "DAEMON":
+            changed |= health.set_check(hs, kind, check["status"], str(check.get("reason") or "") or None, ctx.now)
+    runtime_ok = health.check(hs, "CONTAINER_RUNTIME")["status"] == "OK"
+    daemons = _has_daemons(ctx, host.capacity_provider_name) if host.status == "REGISTERING" or \
+        health.check(hs, "DAEMON")["status"] == "INITIALIZING" else True
+    if not daemons and runtime_ok:
+        changed |= health.set_check(hs, "DAEMON", "OK", None, ctx.now)
+    doc["healthStatus"] = hs
+    activate = host.status == "REGISTERING" and runtime_ok and not daemons
+    if activate:
         doc.update(status="ACTIVE", version=doc["version"] + 1)
-        status_changed = True
-    if changed or status_changed:
+    if jsonio.dumps(hs) != before or activate:
         update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, status=doc["status"], doc=dumps(doc))
-    if status_changed:
-        emit_instance_change(ctx, _cluster_of(ctx, host), doc)
+    cluster = _cluster_of(ctx, host) if changed or activate else None
+    if changed and host.status != "REGISTERING":
+        emit_health_change(ctx, cluster, doc)
+    if activate:
+        emit_instance_change(ctx, cluster, doc)
         ctx.dirty_clusters.add(host.cluster_name)
         ctx.tell_agent(host.arn)
+    elif host.status == "REGISTERING" and runtime_ok:
+        ctx.dirty_daemons.add(host.cluster_name)  # its daemons start now; they activate it
 
 
 def report(ctx: Context, token: str, body: dict) -> dict:

@@ -13,21 +13,37 @@ from sqlalchemy import func, insert, select
 
 from shoal.api.ecs.common import check_tags, cluster_row, failure, listing, without_tags
 from shoal.api.operations import Context, dumps, ecs
-from shoal.domain import arns, query
+from shoal.domain import arns, health, query
 from shoal.domain.errors import InvalidParameter
 from shoal.domain.tasks import PENDING_STATES
-from shoal.events.envelope import CONTAINER_INSTANCE_STATE_CHANGE, event_detail, iso
+from shoal.events.envelope import (CONTAINER_INSTANCE_HEALTH_CHANGE, CONTAINER_INSTANCE_STATE_CHANGE, event_detail,
+                                   iso)
 from shoal.store.db import update_versioned
 from shoal.store.tables import container_instances as cis, tasks
 
-HEALTH_CHECKS = ("CONTAINER_RUNTIME", "ACCELERATED_COMPUTE", "DAEMON", "AGENT_CONNECTIVITY")
+HEALTH_CHECKS = health.CHECKS
+# Internal fields of a host's document, never shown: `_blocked` is why the host takes no new
+# application tasks although ACTIVE (a critical daemon is down: shoal.control.daemons).
+_INTERNAL = ("_blocked",)
 
 
 def emit_instance_change(ctx: Context, cluster, doc: dict) -> None:
-    detail = event_detail(doc, drop=("tags", "healthStatus", "gpuDevices"))
+    detail = event_detail(doc, drop=("tags", "healthStatus", "gpuDevices", *_INTERNAL))
     detail["clusterArn"] = cluster.arn
     detail["updatedAt"] = iso(ctx.now)
     ctx.emit(CONTAINER_INSTANCE_STATE_CHANGE, [doc["containerInstanceArn"]], detail)
+
+
+def emit_health_change(ctx: Context, cluster, doc: dict) -> None:
+    """"ECS Container Instance Health Change": on every transition of a check or of the overall
+    status (ecs-semantics §1.10; the event says `healthChecks` where the API says `details`)."""
+    hs = doc["healthStatus"]
+    checks = [{k: (iso(v) if k in ("lastStatusChange", "lastUpdated") else v) for k, v in d.items()}
+              for d in hs["details"]]
+    ctx.emit(CONTAINER_INSTANCE_HEALTH_CHANGE, [doc["containerInstanceArn"]], {
+        "clusterArn": cluster.arn, "containerInstanceArn": doc["containerInstanceArn"],
+        "capacityProviderName": doc.get("capacityProviderName"), "ec2InstanceId": doc.get("ec2InstanceId"),
+        "overallStatus": hs["overallStatus"], "healthChecks": checks, "updatedAt": iso(ctx.now)})
 
 
 def _resource(name: str, kind: str, value) -> dict:
@@ -48,10 +64,7 @@ def _resources(total: list[dict]) -> list[dict]:
     return out
 
 
-def initial_health(now: float) -> dict:
-    return {"overallStatus": "INITIALIZING",
-            "details": [{"type": t, "status": "INITIALIZING", "lastUpdated": now, "lastStatusChange": now}
-                        for t in HEALTH_CHECKS]}
+initial_health = health.initial
 
 
 @ecs.op("RegisterContainerInstance")
@@ -132,7 +145,7 @@ def _live_counts(ctx: Context, arns_: list[str]) -> dict[str, dict[str, int]]:
 
 
 def _public(doc: dict, include: list[str] | None) -> dict:
-    doc = without_tags(doc, include)
+    doc = {k: v for k, v in without_tags(doc, include).items() if k not in _INTERNAL}
     if not include or "CONTAINER_INSTANCE_HEALTH" not in include:
         doc.pop("healthStatus", None)
     return doc

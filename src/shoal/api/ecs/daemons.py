@@ -288,6 +288,7 @@ def create_daemon(ctx: Context, req: dict) -> dict:
         revision_arn=revision, deployment_arn=doc["deploymentArn"], created_at=ctx.now, updated_at=ctx.now,
         version=1, doc=dumps(doc)))
     _set_providers(ctx, arn, providers)
+    ctx.dirty_daemons.add(cluster.name)  # the daemon scheduler starts it on the hosts there are
     out = _answer(doc, doc["deploymentArn"], updated=False)
     idempotency.remember(ctx, "CreateDaemon", req, out)
     return out
@@ -313,6 +314,7 @@ def update_daemon(ctx: Context, req: dict) -> dict:
                      revision_arn=revision, deployment_arn=doc["deploymentArn"], updated_at=ctx.now, doc=dumps(doc))
     if row.task_definition_arn != td.arn:
         settle(ctx, [row.task_definition_arn])
+    ctx.dirty_daemons.add(cluster.name)
     return _answer(doc, doc["deploymentArn"], updated=True)
 
 
@@ -329,6 +331,7 @@ def delete_daemon(ctx: Context, req: dict) -> dict:
     doc.update(status="DELETE_IN_PROGRESS", updatedAt=ctx.now, deploymentArn=deployment["daemonDeploymentArn"])
     update_versioned(ctx.conn, daemons, {"arn": row.arn}, row.version, status="DELETE_IN_PROGRESS",
                      deployment_arn=doc["deploymentArn"], updated_at=ctx.now, doc=dumps(doc))
+    ctx.dirty_daemons.add(row.cluster_name)  # the daemon scheduler takes it off its hosts
     return _answer(doc, doc["deploymentArn"], updated=True)
 
 
