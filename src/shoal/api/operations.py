@@ -55,7 +55,9 @@ class Context:
             # Every change of a service task, whoever made it (an agent's report, StopTask, a
             # drain, a host that vanished), writes this event: the one place to catch them all.
             self.dirty_services.add((detail["clusterArn"].rsplit("/", 1)[-1], detail["group"][len("service:"):]))
-        elif detail_type == TASK_STATE_CHANGE and str(detail.get("group", "")).startswith("daemon:"):
+        if detail_type == TASK_STATE_CHANGE and (str(detail.get("group", "")).startswith("daemon:") or (
+                detail.get("lastStatus") == "STOPPED" and detail.get("containerInstanceArn"))):
+            # A daemon's task changed, or a task left a host (a drained host's daemons stop last).
             self.dirty_daemons.add(detail["clusterArn"].rsplit("/", 1)[-1])
         return outbox.append(self.conn, detail_type, resources, detail,
                              region=self.arns.region, account=self.arns.account, now=self.now, **envelope)

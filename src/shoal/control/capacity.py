@@ -31,6 +31,7 @@ from shoal.store.tables import capacity_providers, container_instances as cis, t
 
 log = logging.getLogger(__name__)
 REGISTER_DEADLINE = 120.0  # a launched host that has not registered by then is given up on
+WAIT_GRACE = 2.0  # a task counts as waiting for capacity once it has had this long to be placed
 MIN_HOSTS_TAG, SCALE_IN_TAG = "shoal:min-hosts", "shoal:scale-in-after"
 
 
@@ -76,6 +77,11 @@ class CapacityController:
         self.launching: dict[str, tuple[str, float]] = {}  # host id -> (provider, deadline)
         self.idle_since: dict[str, float] = {}
 
+    def expect(self, host_id: str, provider: str) -> None:
+        """A host launched for `provider` elsewhere (a repair's replacement): count it as coming,
+        and give up on it if it never registers."""
+        self.launching[host_id] = (provider, time.monotonic() + REGISTER_DEADLINE)
+
     async def reconcile(self, hub) -> None:
         if self.server_url is None:
             return
@@ -106,12 +112,13 @@ class CapacityController:
             for host in ctx.conn.execute(select(cis).where(cis.c.capacity_provider_name == row.name,
                                                            cis.c.status != "INACTIVE")):
                 view.hosts.append({"arn": host.arn, "hostId": host.ec2_instance_id, "status": host.status,
-                                   "idle": host.allocations in ("{}", ""),
+                                   "idle": _idle(ctx, host),
                                    "connected": json.loads(host.doc).get("agentConnected", False)})
             empty = _empty_host(view.instance_type) if view.instance_type else None
             for task in ctx.conn.execute(select(tasks.c.doc, tasks.c.placement).where(
                     tasks.c.cluster_name == row.cluster_name, tasks.c.desired_status == "RUNNING",
-                    tasks.c.container_instance_arn.is_(None), tasks.c.last_status == "PROVISIONING")):
+                    tasks.c.container_instance_arn.is_(None), tasks.c.last_status == "PROVISIONING",
+                    tasks.c.created_at < time.time() - WAIT_GRACE)):
                 strategy = json.loads(task.placement or "{}").get("capacityProviderStrategy", [])
                 if empty is None or row.name not in {s["capacityProvider"] for s in strategy}:
                     continue
@@ -137,7 +144,8 @@ class CapacityController:
     async def _scale_out(self, view: ProviderView) -> None:
         if view.instance_type is None:
             return
-        live = sum(h["status"] in ("REGISTERING", "ACTIVE") for h in view.hosts)
+        # A draining or failed host still counts: a repair replaces it (shoal.control.repair).
+        live = sum(h["status"] in ("REGISTERING", "ACTIVE", "DRAINING", "REGISTRATION_FAILED") for h in view.hosts)
         coming = sum(name == view.name for name, _ in self.launching.values())
         want = max(view.min_hosts - live - coming, 0)
         if view.waiting_fit and not coming:
@@ -171,12 +179,22 @@ class CapacityController:
                 await asyncio.to_thread(self.provisioner.terminate, host["hostId"])
 
 
+def _idle(ctx: Context, host) -> bool:
+    """No application task holds anything on the host (its daemons' tasks do not count)."""
+    held = set(json.loads(host.allocations or "{}"))
+    if not held:
+        return True
+    daemon_tasks = set(ctx.conn.execute(select(tasks.c.arn).where(
+        tasks.c.container_instance_arn == host.arn, tasks.c.daemon_name.is_not(None))).scalars())
+    return held <= daemon_tasks
+
+
 def retire_host(ctx: Context, arn: str, *, vanished: bool = False) -> bool:
     """Deregister a host: an idle one only if it is still idle (placement may have just used it);
-    a vanished one whatever it held, its unfinished tasks marked STOPPED. True if done."""
+    a vanished one whatever it held. Its unfinished tasks (an idle host's daemons) are marked
+    STOPPED. True if done."""
     row = ctx.conn.execute(select(cis).where(cis.c.arn == arn).with_for_update()).first()
-    if row is None or row.status == "INACTIVE" or (not vanished and (row.status != "ACTIVE"
-                                                                      or json.loads(row.allocations))):
+    if row is None or row.status == "INACTIVE" or (not vanished and (row.status != "ACTIVE" or not _idle(ctx, row))):
         return False
     doc = json.loads(row.doc)
     doc.update(status="INACTIVE", agentConnected=False, version=doc["version"] + 1)

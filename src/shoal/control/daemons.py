@@ -89,6 +89,7 @@ class DaemonScheduler:
         self._dirty: set[str] = set()
         self._due: dict[str, float] = {}  # cluster -> when it must be looked at again
         self._listed = float("-inf")
+        self._known: set[str] = set()  # clusters that have daemons, as last listed
 
     def mark(self, clusters) -> None:
         self._dirty |= set(clusters)
@@ -98,12 +99,18 @@ class DaemonScheduler:
 
     async def run_once(self, hub) -> None:
         now = time.monotonic()
-        if now - self._listed >= RESYNC:
+        # Clusters with daemons, listed again every RESYNC seconds, or sooner when a cluster
+        # without any known daemon is marked (a CreateDaemon): most commits concern others.
+        if now - self._listed >= RESYNC or (self._dirty - self._known and now - self._listed >= 1.0):
+            resync = now - self._listed >= RESYNC
             self._listed = now
-            self._dirty |= await hub.store.read(_clusters_with_daemons)
+            self._known = await hub.store.read(_clusters_with_daemons)
+            if resync:
+                self._dirty |= self._known
+            self._dirty &= self._known  # checked: clusters without daemons have nothing to do
         self._dirty |= {c for c, at in self._due.items() if at <= now}
-        while self._dirty:
-            cluster = self._dirty.pop()
+        work, self._dirty = self._dirty & self._known, self._dirty - self._known
+        for cluster in work:
             self._due.pop(cluster, None)
             wait = await hub.write(lambda ctx, c=cluster: reconcile(ctx, c, self.start_timeout))
             if wait is not None:

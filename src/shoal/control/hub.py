@@ -19,6 +19,7 @@ from sqlalchemy import select
 from shoal.api.agent import state as agent_state
 from shoal.api.operations import Context, run_unit
 from shoal.control.daemons import DaemonScheduler
+from shoal.control.repair import RepairController
 from shoal.control.services import ServiceScheduler
 from shoal.control.signals import HostSignals
 from shoal.domain.tasks import PENDING_STATES
@@ -34,6 +35,7 @@ class Hub:
     def __init__(self, store, arns, *, capacity=None, dispatcher=None, agent_timeout: float = AGENT_TIMEOUT,
                  services: ServiceScheduler | None = None, daemons: DaemonScheduler | None = None):
         self.store, self.arns, self.capacity, self.dispatcher = store, arns, capacity, dispatcher
+        self.repair = RepairController(capacity) if capacity is not None else None
         self.services = services or ServiceScheduler()
         self.daemons = daemons or DaemonScheduler()
         self.agent_timeout = agent_timeout
@@ -82,6 +84,7 @@ class Hub:
                 await self._sweep_agents()
                 if self.capacity is not None:
                     await self.capacity.reconcile(self)
+                    await self.repair.reconcile(self)
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep reconciling; the next tick tries again

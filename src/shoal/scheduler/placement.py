@@ -168,6 +168,8 @@ class Placer:
         StartTask, and whatever its status with `any_status`: a daemon's task, which starts
         before its host is ACTIVE and stays while it drains); return None, or why not."""
         need = demand(task, task_definition(self.ctx, task["taskDefinitionArn"]))
+        if only is not None and only not in self.table.slot:
+            self._hosts.sync(self.ctx.conn)  # a host that joined since the last sync (a daemon's first task)
         decision = self.table.place(task["taskArn"], need, plan_for(placement), only=only,
                                     require_connected=only is None, any_status=any_status)
         if not isinstance(decision, Decision):
@@ -275,9 +277,10 @@ def place_pending(ctx: Context, cluster_name: str) -> int:
         select(tasks).where(tasks.c.cluster_name == cluster_name, tasks.c.desired_status == "RUNNING",
                             tasks.c.container_instance_arn.is_(None), tasks.c.last_status.in_(PENDING_STATES))
         .order_by(tasks.c.created_at, tasks.c.id).limit(BATCH)).all()
+    placer, placed = Placer(ctx, cluster_name, fresh=True), 0
+    placer.table  # caught up even with nothing waiting: a host just became ACTIVE, say
     if not rows:
         return 0
-    placer, placed = Placer(ctx, cluster_name, fresh=True), 0
     for row in rows:
         doc = jsonio.loads(row.doc)
         reason = placer.place(doc, row.placement or "{}")

@@ -236,6 +236,25 @@ daemon_hosts = Table(
     Index("ix_daemon_hosts_cluster", "cluster_name"),
 )
 
+# Repairs of managed hosts (shoal.control.repair), one row per host: WAITING on the rate limit,
+# DRAINING (the replacement launched, tasks moving), DONE (the host terminated). `reruns` maps each
+# standalone task re-run elsewhere to its copy (JSON).
+host_repairs = Table(
+    "host_repairs",
+    metadata,
+    Column("host_arn", String(512), primary_key=True),
+    Column("cluster_name", String(255), nullable=False),
+    Column("provider", String(255), nullable=False),
+    Column("host_id", String(64), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("done_at", Float),
+    Column("replacement_host_id", String(64)),
+    Column("reruns", Text, nullable=False, server_default="{}"),
+    Index("ix_host_repairs_provider_state", "provider", "state"),
+)
+
 # One row per daemon deployment (the DaemonDeployment shape), started by CreateDaemon,
 # UpdateDaemon or DeleteDaemon and advanced by the daemon reconciler.
 daemon_deployments = Table(

@@ -229,16 +229,25 @@ def update_container_instances_state(ctx: Context, req: dict) -> dict:
                                     "Only ACTIVE and DRAINING instances can change state."))
             continue
         if row.status != status:
-            doc.update(status=status, version=doc["version"] + 1)
-            update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status=status, doc=dumps(doc))
-            emit_instance_change(ctx, cluster, doc)
-            ctx.tell_agent(row.arn)
-            if status == "DRAINING":
-                _reschedule_services(ctx, cluster.name, row.arn)
-            else:
-                ctx.dirty_clusters.add(cluster.name)  # room again for waiting tasks
+            doc = set_state(ctx, cluster, row, status)
         updated.append(_public(doc, None))
     return {"containerInstances": updated, "failures": failures}
+
+
+def set_state(ctx: Context, cluster, row, status: str) -> dict:
+    """Make an ACTIVE host DRAINING (or a DRAINING one ACTIVE again); its row is locked. Returns
+    its new document."""
+    doc = json.loads(row.doc)
+    doc.update(status=status, version=doc["version"] + 1)
+    update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status=status, doc=dumps(doc))
+    emit_instance_change(ctx, cluster, doc)
+    ctx.tell_agent(row.arn)
+    ctx.dirty_daemons.add(cluster.name)  # daemons stop last on a drained host
+    if status == "DRAINING":
+        _reschedule_services(ctx, cluster.name, row.arn)
+    else:
+        ctx.dirty_clusters.add(cluster.name)  # room again for waiting tasks
+    return doc
 
 
 def _reschedule_services(ctx: Context, cluster_name: str, host_arn: str) -> None:
