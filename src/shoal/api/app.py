@@ -11,8 +11,10 @@ from starlette.routing import Route
 from shoal.api.action_logs import action_log_routes
 from shoal.api.agent.routes import AgentProtocol
 from shoal.api.alarms import alarm_routes
+from shoal.api.daemon_sli import daemon_sli_routes
 from shoal.api.ecs import register_all as register_ecs
 from shoal.api.eventbridge import register_all as register_eventbridge
+from shoal.api.metrics import metrics_route
 from shoal.api.operations import ecs, eventbridge
 from shoal.api.protocol.awsjson import AwsJsonEndpoint
 from shoal.api.queues import queue_routes
@@ -65,7 +67,9 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
             *queue_routes(store, aws.authenticate),
             *action_log_routes(store, aws.authenticate),
             *alarm_routes(store, arns, aws.authenticate),
+            *daemon_sli_routes(store, aws.authenticate),
             Route("/healthz", healthz, methods=["GET"]),
+            metrics_route(store),  # unauthenticated, like /healthz: see docs/decisions.md
         ],
         lifespan=lifespan,
     )
