@@ -22,8 +22,8 @@ PY = sys.executable
 START_TIMEOUT = 6
 
 
-@pytest.fixture
-def server(tmp_path):
+def serve(tmp_path):
+    """A server with a short daemon start timeout; the agents a test starts go in `srv.agents`."""
     srv = ServerProcess(tmp_path / "server", extra_args=("--daemon-start-timeout", str(START_TIMEOUT))).start()
     agents: list[AgentProcess] = []
     srv.agents = agents
@@ -32,6 +32,11 @@ def server(tmp_path):
         agent.stop()
     srv.stop()
     kill_workloads(tmp_path)
+
+
+@pytest.fixture
+def server(tmp_path):
+    yield from serve(tmp_path)
 
 
 def setup(server, tmp_path, command: list[str], *, critical: bool, health_check: dict | None = None):

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, insert, select, update
 
 from shoal import jsonio
-from shoal.api.ecs import daemons as daemons_api
+from shoal.control import daemon_deployments
+from shoal.control.daemon_deployments import OnHost
 from shoal.api.ecs.common import cluster_row
 from shoal.api.ecs.container_instances import emit_health_change, emit_instance_change
 from shoal.api.operations import Context, dumps
@@ -51,7 +52,7 @@ from shoal.events.envelope import iso
 from shoal.scheduler.placement import Placer, task_definition
 from shoal.store.db import update_versioned
 from shoal.store.tables import (container_instances as cis, daemon_capacity_providers as daemon_cps, daemon_hosts,
-                                daemon_deployments, daemon_revisions, daemons, tasks)
+                                daemon_revisions, daemons, tasks)
 
 log = logging.getLogger(__name__)
 START_TIMEOUT = 300.0  # daemonStartTimeout: see docs/decisions.md
@@ -73,6 +74,7 @@ def backoff(failures: int) -> float:
 class DaemonView:
     arn: str
     name: str
+    cluster_name: str
     status: str
     critical: bool
     task_definition: dict  # the daemon task definition of the current revision
@@ -137,8 +139,8 @@ def _daemons(ctx: Context, cluster: str) -> list[DaemonView]:
     for row in rows:
         revision = revisions[row.revision_arn]
         td = task_definition(ctx, row.task_definition_arn)
-        out.append(DaemonView(row.arn, row.name, row.status, revision.get("critical", True), td, row.revision_arn,
-                              providers.get(row.arn, set())))
+        out.append(DaemonView(row.arn, row.name, row.cluster_name, row.status, revision.get("critical", True), td,
+                              row.revision_arn, providers.get(row.arn, set())))
     return out
 
 
@@ -223,12 +225,13 @@ def reconcile(ctx: Context, cluster_name: str, start_timeout: float = START_TIME
                                                           tasks.c.last_status != "STOPPED")):
         live[(row.daemon_name, row.container_instance_arn)] = row
     waits: list[float] = []
-    running: dict[str, int] = {}  # daemon ARN -> hosts where its task runs as it should
+    observed: dict[str, list[OnHost]] = {d.arn: [] for d in views}  # daemon ARN -> where it is
+    fails: dict[str, int] = {}  # daemon ARN -> start failures seen in this pass (the breaker)
     for host in hosts:
         if not jsonio.loads(host.doc).get("agentConnected"):
             continue  # nothing would run a task there (an agent lost, or a host without a shoal agent)
         wait = _reconcile_host(ctx, cluster, host, [d for d in views if host.capacity_provider_name in d.providers],
-                               tracked, live, start_timeout, running)
+                               tracked, live, start_timeout, observed, fails)
         if wait is not None:
             waits.append(wait)
     # Forget what is recorded for hosts that left, and remove daemons that are off every host.
@@ -238,40 +241,8 @@ def reconcile(ctx: Context, cluster_name: str, start_timeout: float = START_TIME
         ctx.conn.execute(delete(daemon_hosts).where(daemon_hosts.c.daemon_arn == daemon_arn,
                                                     daemon_hosts.c.host_arn == host_arn))
     for d in views:
-        in_scope = sum(h.capacity_provider_name in d.providers and h.status == "ACTIVE"
-                       and jsonio.loads(h.doc).get("agentConnected", False) for h in hosts)
-        _advance_deployment(ctx, d, in_scope, running.get(d.arn, 0), gone=d.status == "DELETE_IN_PROGRESS"
-                            and not any(key[0] == d.name for key in live))
+        daemon_deployments.advance(ctx, cluster, d, observed[d.arn], fails.get(d.arn, 0), _stop_task)
     return min(waits, default=None)
-
-
-def _advance_deployment(ctx: Context, daemon: DaemonView, in_scope: int, running: int, *, gone: bool) -> None:
-    """The daemon's latest deployment, as far as this scheduler takes it: CreateDaemon's starts the
-    daemon in place and succeeds once it runs on every ACTIVE host of its providers (it stays
-    PENDING while they have none, as on ECS); DeleteDaemon's succeeds once the daemon is off every
-    host, and the daemon is then forgotten."""
-    row = ctx.conn.execute(select(daemons.c.deployment_arn).where(daemons.c.arn == daemon.arn)).first()
-    if row is None:
-        return
-    deployment = ctx.conn.execute(select(daemon_deployments.c.status, daemon_deployments.c.doc).where(
-        daemon_deployments.c.arn == row.deployment_arn)).first()
-    if deployment is None:
-        return
-    status = deployment.status
-    if daemon.status == "DELETE_IN_PROGRESS":
-        if status == domain.PENDING:
-            daemons_api.set_deployment_status(ctx, row.deployment_arn, domain.IN_PROGRESS)
-        if gone:
-            daemons_api.set_deployment_status(ctx, row.deployment_arn, domain.SUCCESSFUL)
-            daemons_api.remove(ctx, daemon.arn)
-        return
-    if jsonio.loads(deployment.doc).get("sourceDaemonRevisions"):
-        return  # an UpdateDaemon's rolling deployment: see docs/decisions.md
-    if status == domain.PENDING and in_scope:
-        daemons_api.set_deployment_status(ctx, row.deployment_arn, domain.IN_PROGRESS)
-        status = domain.IN_PROGRESS
-    if status == domain.IN_PROGRESS and in_scope and running >= in_scope:
-        daemons_api.set_deployment_status(ctx, row.deployment_arn, domain.SUCCESSFUL)
 
 
 def _app_tasks(ctx: Context, host_arn: str) -> int:
@@ -281,7 +252,7 @@ def _app_tasks(ctx: Context, host_arn: str) -> int:
 
 
 def _reconcile_host(ctx: Context, cluster, host, views: list[DaemonView], tracked: dict, live: dict,
-                    start_timeout: float, running: dict[str, int]) -> float | None:
+                    start_timeout: float, observed: dict[str, list[OnHost]], fails: dict[str, int]) -> float | None:
     waits: list[float] = []
     draining_done = host.status == "DRAINING" and _app_tasks(ctx, host.arn) == 0
     problems: list[tuple[DaemonView, str]] = []  # daemons not running here, with why
@@ -292,12 +263,14 @@ def _reconcile_host(ctx: Context, cluster, host, views: list[DaemonView], tracke
         if record is None:
             ctx.conn.execute(insert(daemon_hosts).values(daemon_arn=daemon.arn, host_arn=host.arn,
                                                          cluster_name=cluster.name, task_arn=None, failures=0,
-                                                         retry_at=0.0, impaired=False, first_start_at=ctx.now))
+                                                         retry_at=0.0, impaired=False, first_start_at=ctx.now,
+                                                         revision_arn=None))
             record = ctx.conn.execute(select(daemon_hosts).where(daemon_hosts.c.daemon_arn == daemon.arn,
                                                                  daemon_hosts.c.host_arn == host.arn)).first()
         state = dict(task_arn=record.task_arn, failures=record.failures, retry_at=record.retry_at,
-                     impaired=record.impaired)
+                     impaired=record.impaired, revision_arn=record.revision_arn)
         task = live.get((daemon.name, host.arn))
+        ok = False
         if daemon.status != "ACTIVE" or draining_done:
             if task is not None:
                 _stop_task(ctx, task, "Daemon deleted" if daemon.status != "ACTIVE" else "Host drained")
@@ -334,8 +307,12 @@ def _reconcile_host(ctx: Context, cluster, host, views: list[DaemonView], tracke
                     _log(ctx, cluster, daemon, "INFO", "DAEMON_TASK_RUNNING",
                          {"containerInstanceArn": host.arn, "taskArn": task.arn, "afterFailures": state["failures"]})
                 state.update(failures=0, impaired=False)
-                if host.status == "ACTIVE":
-                    running[daemon.arn] = running.get(daemon.arn, 0) + 1
+                # A deployment counts it once it has stayed up (a revision that exits at once
+                # must reach the circuit breaker, not pass).
+                ran = ctx.now - (doc.get("startedAt") or ctx.now)
+                ok = checked or ran >= START_GRACE
+                if not ok:
+                    waits.append(START_GRACE - ran + 0.05)
             else:  # on its way
                 problems.append((daemon, f"Daemon task: {task.arn.rsplit('/', 1)[-1]} is not running yet"))
                 ready = ready and not daemon.critical and state["failures"] > 0
@@ -343,7 +320,8 @@ def _reconcile_host(ctx: Context, cluster, host, views: list[DaemonView], tracke
             if ctx.now >= state["retry_at"]:
                 started, why = _start_task(ctx, cluster, daemon, host.arn)
                 if started is not None:
-                    state["task_arn"] = started["taskArn"]
+                    state.update(task_arn=started["taskArn"], revision_arn=daemon.revision_arn)
+                    task = live[(daemon.name, host.arn)] = _task_row(ctx, started["taskArn"])
                     _log(ctx, cluster, daemon, "INFO", "DAEMON_TASK_STARTED" if not state["failures"] else
                          "DAEMON_TASK_RESTARTED", {"containerInstanceArn": host.arn, "taskArn": started["taskArn"],
                                                    "failures": state["failures"]})
@@ -361,8 +339,11 @@ def _reconcile_host(ctx: Context, cluster, host, views: list[DaemonView], tracke
             return None
         if host.status == "REGISTERING" and daemon.critical:
             waits.append(max(record.first_start_at + start_timeout - ctx.now, 0.0) + 0.1)
+        if state["failures"] > record.failures:
+            fails[daemon.arn] = fails.get(daemon.arn, 0) + state["failures"] - record.failures
+        observed[daemon.arn].append(OnHost(host, state["revision_arn"] if task is not None else None, ok, task))
         if state != dict(task_arn=record.task_arn, failures=record.failures, retry_at=record.retry_at,
-                         impaired=record.impaired):
+                         impaired=record.impaired, revision_arn=record.revision_arn):
             ctx.conn.execute(update(daemon_hosts).where(daemon_hosts.c.daemon_arn == daemon.arn,
                                                         daemon_hosts.c.host_arn == host.arn).values(**state))
     _host_health(ctx, cluster, host, problems, ready)
@@ -375,6 +356,11 @@ def _down_reason(ctx: Context, daemon: DaemonView, host_arn: str) -> str:
                                                        tasks.c.daemon_name == daemon.name)
                               .order_by(tasks.c.created_at.desc()).limit(1)).scalar_one_or_none()
     return f"Daemon task: {latest} is unhealthy" if latest else f"Daemon {daemon.name} has no task on this host"
+
+
+def _task_row(ctx: Context, arn: str):
+    return ctx.conn.execute(select(tasks.c.arn, tasks.c.version, tasks.c.daemon_name, tasks.c.container_instance_arn,
+                                   tasks.c.doc).where(tasks.c.arn == arn)).first()
 
 
 def host_not_running(problems: list, daemon: DaemonView) -> bool:

@@ -233,6 +233,7 @@ daemon_hosts = Table(
     Column("retry_at", Float, nullable=False, server_default="0"),
     Column("impaired", Boolean, nullable=False, server_default=false()),
     Column("first_start_at", Float, nullable=False),
+    Column("revision_arn", String(512)),  # the daemon revision its task there runs
     Index("ix_daemon_hosts_cluster", "cluster_name"),
 )
 
@@ -267,6 +268,7 @@ daemon_deployments = Table(
     Column("created_at", Float, nullable=False),
     Column("version", Integer, nullable=False),
     Column("doc", Text, nullable=False),
+    Column("bake_started_at", Float),  # when every host ran the new revision: the bake time runs from here
     Index("ix_daemon_deployments_daemon", "daemon_arn", "created_at"),
     Index("ix_daemon_deployments_cluster_status", "cluster_name", "status"),
 )
