@@ -116,4 +116,7 @@ def test_an_alarm_during_the_bake_rolls_back_and_one_already_in_alarm_is_ignored
     wait_for(lambda: deployment(ecs, dep)["status"] == "ROLLBACK_SUCCESSFUL", timeout=60,
              message="the rollback to succeed")
     assert deployment(ecs, dep)["alarms"]["triggeredAlarmNames"] == ["errors"]
+    previous = ecs.describe_daemon_deployments(daemonDeploymentArns=[dep])["daemonDeployments"][0][
+        "sourceDaemonRevisions"][0]["arn"]
+    assert deployment(ecs, dep)["rollback"]["rollbackTargetDaemonRevisionArn"] == previous
     assert running_revisions(ecs) == [v1]

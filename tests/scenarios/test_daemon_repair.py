@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -36,7 +37,7 @@ def server(tmp_path):
             pass
 
 
-def managed_fleet(server, hosts: int, command: list[str], *, critical: bool = True):
+def managed_fleet(server, hosts: int, command: list[str], *, critical: bool = True, repair: str = "ENABLED"):
     """A cluster "fleet" with a managed provider "mi" of `hosts` hosts and a daemon running
     `command` on them. Returns the ECS client."""
     ecs = server.client()
@@ -51,7 +52,8 @@ def managed_fleet(server, hosts: int, command: list[str], *, critical: bool = Tr
                 "ec2InstanceProfileArn": "arn:shoal:iam::000000000000:instance-profile/x",
                 "networkConfiguration": {"subnets": []},
                 "instanceRequirements": {"vCpuCount": {"min": 1}, "memoryMiB": {"min": 1},
-                                         "allowedInstanceTypes": [INSTANCE_TYPE]}}})
+                                         "allowedInstanceTypes": [INSTANCE_TYPE]}},
+            "autoRepairConfiguration": {"actionsStatus": repair}})
     ecs.create_daemon(clusterArn="fleet", daemonName="agentd", daemonTaskDefinitionArn=td, critical=critical,
                       capacityProviderArns=["mi"])
     ecs.put_cluster_capacity_providers(cluster="fleet", capacityProviders=["mi"],
@@ -158,3 +160,20 @@ def test_ten_hosts_whose_critical_daemon_fails_at_once_drain_at_most_two_at_a_ti
     wait_for(lambda: sum(a["eventName"] == "HOST_REPAIR_COMPLETED" for a in actions(server)) >= 2, timeout=120,
              interval=0.5, message="two repairs to complete")
     assert max_draining(server) == 2
+
+
+def test_with_auto_repair_disabled_a_host_whose_critical_daemon_died_is_reported_not_replaced(server):
+    ecs = managed_fleet(server, 1, ["sleep", "600"], repair="DISABLED")
+    [victim] = wait_for(lambda: (h := hosts(ecs, "ACTIVE")) and h, timeout=60, message="an ACTIVE host")
+    kill_daemon_on(server, victim, ecs)
+
+    def impaired():
+        [ci] = ecs.describe_container_instances(cluster="fleet", containerInstances=[victim["containerInstanceArn"]],
+                                                include=["CONTAINER_INSTANCE_HEALTH"])["containerInstances"]
+        return ci if ci["healthStatus"]["overallStatus"] == "IMPAIRED" else None
+
+    wait_for(impaired, timeout=10, message="the host to be reported IMPAIRED")
+    time.sleep(3)  # the repair controller has had several passes
+    assert [h["containerInstanceArn"] for h in hosts(ecs)] == [victim["containerInstanceArn"]]
+    assert "DRAINING" not in [c["status"] for c in instance_changes(server)]
+    assert "HOST_REPAIR_STARTED" not in [a["eventName"] for a in actions(server)]

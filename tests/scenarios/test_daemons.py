@@ -39,7 +39,8 @@ def server(tmp_path):
     yield from serve(tmp_path)
 
 
-def setup(server, tmp_path, command: list[str], *, critical: bool, health_check: dict | None = None):
+def setup(server, tmp_path, command: list[str], *, critical: bool, health_check: dict | None = None,
+          memory: int = 32):
     """A cluster with a self-managed provider, a daemon running `command` on it, and one host
     (a real agent) of that provider. Returns (ecs, daemon ARN, agent)."""
     ecs = server.client()
@@ -47,7 +48,7 @@ def setup(server, tmp_path, command: list[str], *, critical: bool, health_check:
     ecs.create_capacity_provider(name="own", autoScalingGroupProvider={
         "autoScalingGroupArn": "arn:aws:autoscaling:local:000000000000:autoScalingGroup:x"})
     ecs.put_cluster_capacity_providers(cluster="fleet", capacityProviders=["own"], defaultCapacityProviderStrategy=[])
-    container = {"name": "agentd", "image": "busybox", "memory": 32, "command": command}
+    container = {"name": "agentd", "image": "busybox", "memory": memory, "command": command}
     if health_check:
         container["healthCheck"] = health_check
     td = ecs.register_daemon_task_definition(family="agentd", containerDefinitions=[container])
@@ -125,6 +126,24 @@ def test_a_non_critical_daemon_that_exits_at_once_never_blocks_its_host(server, 
     assert [e["eventName"] for e in entries].count("DAEMON_TASK_START_IMPAIRED") == 1
 
 
+def test_a_non_critical_daemon_too_big_for_its_host_is_a_creation_failure_and_never_blocks(server, tmp_path):
+    ecs, daemon, agent = setup(server, tmp_path, ["sleep", "600"], critical=False, memory=64 * 1024 * 1024)
+    ci = agent.wait_active(ecs)
+    app = run_app(ecs, app_family(ecs, ["sleep", "600"]))["tasks"][0]
+    assert app["containerInstanceArn"] == ci["containerInstanceArn"]
+    wait_for(lambda: task(ecs, app["taskArn"])["lastStatus"] == "RUNNING", timeout=20, message="the app task to run")
+    wait_for(lambda: start_impaired(server), timeout=10, message="DAEMON_TASK_START_IMPAIRED")
+    wait_for(lambda: any(e["eventName"] == "DAEMON_TASK_START_RETRY" for e in server.get(
+        "/v1/action-logs", {"cluster": "fleet"}).json()["entries"]), timeout=20, message="a retry")
+    [event] = start_impaired(server)
+    assert event["detail"]["failureType"] == "TASK_CREATION_FAILED"
+    assert "taskArn" not in event["detail"] and event["resources"] == []
+    assert event["detail"]["reason"].startswith("RESOURCE:MEMORY")
+    [counts] = ecs.describe_daemon(daemonArn=daemon)["daemon"]["currentRevisions"][0]["capacityProviders"]
+    assert (counts["runningCount"], counts["withoutDaemonCount"]) == (0, 1)
+    assert host(ecs, ci["containerInstanceArn"])["status"] == "ACTIVE"  # no drain
+
+
 def test_a_critical_daemon_that_cannot_start_keeps_a_self_managed_host_out(server, tmp_path):
     ecs, daemon, agent = setup(server, tmp_path, ["sh", "-c", "exit 3"], critical=True)
     seen = []
@@ -137,7 +156,9 @@ def test_a_critical_daemon_that_cannot_start_keeps_a_self_managed_host_out(serve
     ci = wait_for(failed, timeout=START_TIMEOUT + 20, interval=0.2, message="REGISTRATION_FAILED")
     assert "ACTIVE" not in seen
     assert "agentd" in ci["statusReason"]
-    assert len(start_impaired(server)) == 1
+    [event] = start_impaired(server)
+    assert event["detail"]["failureType"] == "TASK_FAILED_TO_RUN"
+    assert event["resources"] == [event["detail"]["taskArn"]]
     # Nothing is placed on it.
     reply = run_app(ecs, app_family(ecs, ["sleep", "600"]))
     assert reply["tasks"][0].get("containerInstanceArn") is None

@@ -95,17 +95,22 @@ def _tasks_left(ctx: Context, daemon) -> bool:
 def _stopped_by_monitors(ctx: Context, cluster, daemon, deployment, doc: dict, failures: int, status: str) -> bool:
     """The circuit breaker and the alarms. True if the deployment stopped (or its rollback failed)."""
     breaker = dict(doc["circuitBreaker"])
-    if failures and status in (domain.IN_PROGRESS, domain.ROLLBACK_IN_PROGRESS):
-        breaker["failureCount"] = breaker.get("failureCount", 0) + failures
-        daemons_api.update_deployment(ctx, deployment.arn, circuitBreaker=breaker)
-    tripped = breaker.get("failureCount", 0) >= breaker["threshold"]
     if status == domain.ROLLBACK_IN_PROGRESS:
-        if tripped:
+        # The breaker keeps what tripped it; the rollback's own failures are counted apart.
+        count = deployment.rollback_failures + failures
+        if failures:
+            ctx.conn.execute(update(daemon_deployments).where(daemon_deployments.c.arn == deployment.arn)
+                             .values(rollback_failures=count))
+        if count >= breaker["threshold"]:
             daemons_api.set_deployment_status(ctx, deployment.arn, domain.ROLLBACK_FAILED,
                                               "The rollback failed: the previous revision does not start either.")
             _log(ctx, cluster, daemon, "ERROR", "DAEMON_DEPLOYMENT_ROLLBACK_FAILED", {"daemonDeploymentArn": deployment.arn})
             return True
         return False
+    if failures and status == domain.IN_PROGRESS:
+        breaker["failureCount"] = breaker.get("failureCount", 0) + failures
+        daemons_api.update_deployment(ctx, deployment.arn, circuitBreaker=breaker)
+    tripped = breaker.get("failureCount", 0) >= breaker["threshold"]
     config = doc["alarms"]
     triggered = alarms.tripped(ctx.conn, config["alarmNames"], doc.get("startedAt") or deployment.created_at) \
         if config.get("status") != "DISABLED" else []
@@ -116,9 +121,11 @@ def _stopped_by_monitors(ctx: Context, cluster, daemon, deployment, doc: dict, f
     fields = {"alarms": {**config, "status": "TRIGGERED", "triggeredAlarmNames": triggered}} if triggered else \
         {"circuitBreaker": {**breaker, "status": "TRIGGERED"}}
     daemons_api.set_deployment_status(ctx, deployment.arn, domain.STOP_REQUESTED, reason, **fields)
-    daemons_api.set_deployment_status(ctx, deployment.arn, domain.ROLLBACK_IN_PROGRESS,
-                                      "Rolling back to the previous revision.",
-                                      circuitBreaker={**breaker, "failureCount": 0})
+    source = doc["sourceDaemonRevisions"][0]
+    daemons_api.set_deployment_status(
+        ctx, deployment.arn, domain.ROLLBACK_IN_PROGRESS, "Rolling back to the previous revision.",
+        rollback={"reason": reason, "startedAt": ctx.now, "rollbackTargetDaemonRevisionArn": source["arn"],
+                  "rollbackCapacityProviders": [cp["arn"] for cp in source.get("capacityProviders", [])]})
     _rollback_to_source(ctx, daemon, doc)
     _log(ctx, cluster, daemon, "WARN", "DAEMON_DEPLOYMENT_ROLLBACK_STARTED",
          {"daemonDeploymentArn": deployment.arn, "statusReason": reason})

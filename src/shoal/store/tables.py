@@ -269,6 +269,7 @@ daemon_deployments = Table(
     Column("version", Integer, nullable=False),
     Column("doc", Text, nullable=False),
     Column("bake_started_at", Float),  # when every host ran the new revision: the bake time runs from here
+    Column("rollback_failures", Integer, nullable=False, server_default="0"),  # start failures since the rollback began
     Index("ix_daemon_deployments_daemon", "daemon_arn", "created_at"),
     Index("ix_daemon_deployments_cluster_status", "cluster_name", "status"),
 )
