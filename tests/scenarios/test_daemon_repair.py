@@ -177,3 +177,22 @@ def test_with_auto_repair_disabled_a_host_whose_critical_daemon_died_is_reported
     assert [h["containerInstanceArn"] for h in hosts(ecs)] == [victim["containerInstanceArn"]]
     assert "DRAINING" not in [c["status"] for c in instance_changes(server)]
     assert "HOST_REPAIR_STARTED" not in [a["eventName"] for a in actions(server)]
+
+
+def test_update_daemon_on_managed_capacity_replaces_the_hosts_under_the_rate_limit(server):
+    ecs = managed_fleet(server, 3, ["sleep", "600"])
+    wait_for(lambda: len(hosts(ecs, "ACTIVE")) == 3, timeout=60, message="3 ACTIVE hosts")
+    first = {h["containerInstanceArn"] for h in hosts(ecs, "ACTIVE")}
+    v2 = ecs.register_daemon_task_definition(family="agentd", containerDefinitions=[
+        {"name": "agentd", "image": "busybox", "memory": 32, "command": ["sleep", "601"]}])["daemonTaskDefinitionArn"]
+    daemon = ecs.list_daemons(clusterArn="fleet")["daemonSummariesList"][0]["daemonArn"]
+    dep = ecs.update_daemon(daemonArn=daemon, daemonTaskDefinitionArn=v2, capacityProviderArns=["mi"],
+                            deploymentConfiguration={"drainPercent": 50})["deploymentArn"]
+    wait_for(lambda: ecs.describe_daemon_deployments(daemonDeploymentArns=[dep])["daemonDeployments"][0][
+        "status"] == "SUCCESSFUL", timeout=120, interval=0.5, message="the deployment to succeed")
+    now = hosts(ecs, "ACTIVE")
+    assert len(now) == 3 and not first & {h["containerInstanceArn"] for h in now}, "every host was replaced"
+    # Fewer than 9 hosts: one drains at a time, whatever drainPercent says.
+    assert max_draining(server) == 1
+    arns = ecs.list_tasks(cluster="fleet", desiredStatus="RUNNING")["taskArns"]
+    assert {t["taskDefinitionArn"] for t in ecs.describe_tasks(cluster="fleet", tasks=arns)["tasks"]} == {v2}

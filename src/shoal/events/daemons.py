@@ -3,6 +3,7 @@ transition, written in the transaction that makes it (reference §1.8)."""
 
 from __future__ import annotations
 
+from shoal.events import action_log
 from shoal.events.envelope import iso
 
 DAEMON_DEPLOYMENT_STATE_CHANGE = "ECS Daemon Deployment State Change"
@@ -28,3 +29,9 @@ def deployment_state_change(ctx, deployment: dict, daemon_arn: str) -> None:
         detail["targetDaemonRevisionArn"] = target["arn"]
     detail["updatedAt"] = iso(ctx.now)
     ctx.emit(DAEMON_DEPLOYMENT_STATE_CHANGE, [daemon_arn], detail)
+    # The cluster's action log tells the same story, with the reason.
+    action_log.record(ctx, cluster=deployment["clusterArn"].rsplit("/", 1)[-1], level="ERROR" if status in _ERRORS
+                      else "INFO", resource_arn=deployment["clusterArn"], source_id=daemon_arn,
+                      event_name=detail["eventName"], daemon=daemon_arn.rsplit("/", 1)[-1],
+                      detail={"daemonDeploymentArn": deployment["daemonDeploymentArn"], "status": status,
+                              **({"statusReason": deployment["statusReason"]} if deployment.get("statusReason") else {})})
