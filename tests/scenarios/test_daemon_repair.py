@@ -122,6 +122,10 @@ def test_a_killed_critical_daemon_gets_its_host_replaced_start_before_stop(serve
         "rolloutState"] == "COMPLETED", timeout=60, message="the service's 6 tasks running and healthy")
     victim = hosts(ecs, "ACTIVE")[0]
     before = {h["containerInstanceArn"] for h in hosts(ecs)}
+    standalone = ecs.start_task(cluster="fleet", taskDefinition="web", group="batch",
+                                containerInstances=[victim["containerInstanceArn"]])["tasks"][0]["taskArn"]
+    wait_for(lambda: ecs.describe_tasks(cluster="fleet", tasks=[standalone])["tasks"][0]["lastStatus"] == "RUNNING",
+             timeout=20, message="the standalone task to run")
     steady = len(server.events())
 
     kill_daemon_on(server, victim, ecs)
@@ -145,6 +149,14 @@ def test_a_killed_critical_daemon_gets_its_host_replaced_start_before_stop(serve
             low = min(low, sum(state.values()))
     assert low >= 6, f"the service dropped to {low} running tasks"
     assert ecs.describe_services(cluster="fleet", services=["web"])["services"][0]["runningCount"] == 6
+    # The standalone task was re-run once elsewhere, linked by a tag, and the original stopped.
+    arns = ecs.list_tasks(cluster="fleet", family="web", desiredStatus="RUNNING")["taskArns"]
+    reruns = [t for t in ecs.describe_tasks(cluster="fleet", tasks=arns, include=["TAGS"])["tasks"]
+              if {"key": "shoal:rerun-of", "value": standalone} in t.get("tags", [])]
+    assert len(reruns) == 1 and reruns[0]["group"] == "batch" and reruns[0]["lastStatus"] == "RUNNING"
+    assert reruns[0]["containerInstanceArn"] != victim["containerInstanceArn"]
+    original = ecs.describe_tasks(cluster="fleet", tasks=[standalone])["tasks"][0]
+    assert original["lastStatus"] == "STOPPED" and original["stopCode"] == "TerminationNotice"
     names = [a["eventName"] for a in actions(server)]
     assert "HOST_REPAIR_STARTED" in names and "HOST_REPAIR_COMPLETED" in names
 
