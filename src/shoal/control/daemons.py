@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, insert, select, update
 
 from shoal import jsonio
-from shoal.control import daemon_deployments
-from shoal.control.daemon_deployments import OnHost
 from shoal.api.ecs.common import cluster_row
-from shoal.api.ecs.container_instances import emit_health_change, emit_instance_change
+from shoal.api.ecs.container_instances import emit_instance_change
 from shoal.api.operations import Context, dumps
-from shoal.domain import arns, health
+from shoal.control import daemon_deployments, daemon_health
+from shoal.control.daemon_deployments import OnHost
+from shoal.domain import arns
 from shoal.domain import daemons as domain
 from shoal.domain import tasks as task_domain
 from shoal.events import action_log
@@ -329,7 +329,7 @@ def _reconcile_host(ctx: Context, cluster, host, views: list[DaemonView], tracke
                     reason = f"{why} - Unable to place daemon task on container instance: insufficient " \
                              f"{'memory' if 'MEMORY' in why else 'CPU' if 'CPU' in why else 'resources'}"
                     _failed(ctx, cluster, daemon, host, state, task=None, reason=reason)
-            problems.append((daemon, _down_reason(ctx, daemon, host.arn)))
+            problems.append((daemon, daemon_health.down_reason(ctx, daemon, host.arn)))
             ready = ready and not daemon.critical and state["failures"] > 0
         if state["retry_at"] > ctx.now:
             waits.append(state["retry_at"] - ctx.now)
@@ -346,16 +346,8 @@ def _reconcile_host(ctx: Context, cluster, host, views: list[DaemonView], tracke
                          impaired=record.impaired, revision_arn=record.revision_arn):
             ctx.conn.execute(update(daemon_hosts).where(daemon_hosts.c.daemon_arn == daemon.arn,
                                                         daemon_hosts.c.host_arn == host.arn).values(**state))
-    _host_health(ctx, cluster, host, problems, ready)
+    daemon_health.settle(ctx, cluster, host, problems, ready)
     return min(waits, default=None)
-
-
-def _down_reason(ctx: Context, daemon: DaemonView, host_arn: str) -> str:
-    """The DAEMON check's reason for a daemon with no task on the host: its latest task, if any."""
-    latest = ctx.conn.execute(select(tasks.c.id).where(tasks.c.container_instance_arn == host_arn,
-                                                       tasks.c.daemon_name == daemon.name)
-                              .order_by(tasks.c.created_at.desc()).limit(1)).scalar_one_or_none()
-    return f"Daemon task: {latest} is unhealthy" if latest else f"Daemon {daemon.name} has no task on this host"
 
 
 def _task_row(ctx: Context, arn: str):
@@ -401,14 +393,8 @@ def _failed(ctx: Context, cluster, daemon: DaemonView, host, state: dict, *, tas
               "nextAttemptInSeconds": round(backoff(state["failures"]), 1)})
 
 
-def _current(ctx: Context, host_arn: str):
-    """The host row as it is now in this unit (a daemon task placed on it has moved its version)."""
-    return ctx.conn.execute(select(cis.c.arn, cis.c.status, cis.c.version, cis.c.capacity_provider_name, cis.c.doc)
-                            .where(cis.c.arn == host_arn).with_for_update()).first()
-
-
 def _registration_failed(ctx: Context, cluster, host, daemon: DaemonView) -> None:
-    host = _current(ctx, host.arn)
+    host = daemon_health.current(ctx, host.arn)
     doc = jsonio.loads(host.doc)
     reason = (f"Critical daemon {daemon.name} did not start within the daemon start timeout "
               f"({daemon.task_definition['daemonTaskDefinitionArn']})")
@@ -422,48 +408,3 @@ def _registration_failed(ctx: Context, cluster, host, daemon: DaemonView) -> Non
                                 .where(tasks.c.container_instance_arn == host.arn, tasks.c.last_status != "STOPPED")):
         _stop_task(ctx, row, "Container instance registration failed")
     ctx.tell_agent(host.arn)
-
-
-def _host_health(ctx: Context, cluster, host, problems: list[tuple[DaemonView, str]], ready: bool) -> None:
-    """The host's DAEMON check from its daemons, whether it takes application tasks, and a
-    REGISTERING host's activation."""
-    host = _current(ctx, host.arn)
-    doc = jsonio.loads(host.doc)
-    hs = doc.get("healthStatus") or health.initial(ctx.now)
-    critical = [reason for d, reason in problems if d.critical]
-    if critical:
-        status, reason = "IMPAIRED", critical[0]
-    elif problems:
-        status, reason = "IMPAIRED", problems[0][1] + health.NON_CRITICAL_MARK
-    else:
-        status, reason = "OK", None
-    if host.status == "REGISTERING" and status == "IMPAIRED":
-        status = "INITIALIZING"  # starting up: not a fault yet
-    before_health = jsonio.dumps(hs)
-    changed = health.set_check(hs, "DAEMON", status, reason, ctx.now)
-    blocked = bool(critical) and host.status == "ACTIVE"
-    activate = (host.status == "REGISTERING" and ready and not critical and
-                health.check(hs, "CONTAINER_RUNTIME")["status"] == "OK")
-    if activate:  # the daemons that had to start have: the host takes application tasks now
-        changed |= health.set_check(hs, "DAEMON", "IMPAIRED" if problems else "OK",
-                                    reason if problems else None, ctx.now)
-    before = doc.get("_blocked")
-    if jsonio.dumps(hs) == before_health and blocked == bool(before) and not activate:
-        return
-    doc["healthStatus"] = hs
-    if blocked:
-        doc["_blocked"] = critical[0]
-    else:
-        doc.pop("_blocked", None)
-    status_now = "ACTIVE" if activate else host.status
-    if activate:
-        doc["version"] += 1
-    doc["status"] = status_now
-    update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, status=status_now, doc=dumps(doc))
-    if changed and host.status != "REGISTERING":
-        emit_health_change(ctx, cluster, doc)
-    if activate:
-        emit_instance_change(ctx, cluster, doc)
-        ctx.tell_agent(host.arn)
-    if activate or (before and not blocked):
-        ctx.dirty_clusters.add(cluster.name)  # room for waiting tasks

@@ -44,6 +44,8 @@ _plans: dict[str, Plan] = {}
 _tables: dict[tuple[int, str], "_ClusterHosts"] = {}
 # Every placement and every stop reads and writes its host: see shoal.store.prepared.
 _HOST_FOR_UPDATE = Prepared(select(cis).where(cis.c.arn == bindparam("host")).with_for_update())
+_HOST_VERSIONS = Prepared(select(cis.c.arn, cis.c.version).where(cis.c.cluster_name == bindparam("cluster"),
+                                                                 cis.c.status != "INACTIVE"))
 _WRITE_HOST = Prepared(update(cis).where(cis.c.arn == bindparam("host"), cis.c.version == bindparam("expected"))
                        .values(version=bindparam("next_version"), allocations=bindparam("new_allocations"),
                                doc=bindparam("new_doc")))
@@ -102,8 +104,7 @@ class _ClusterHosts:
         return self.table
 
     def sync(self, conn) -> None:
-        current = dict(conn.execute(select(cis.c.arn, cis.c.version).where(
-            cis.c.cluster_name == self.cluster_name, cis.c.status != "INACTIVE")).all())
+        current = dict(_HOST_VERSIONS.tuples(conn, {"cluster": self.cluster_name}))
         table = self.table
         for arn in [a for a in table.slot if a not in current]:
             table.remove(arn)
@@ -247,6 +248,14 @@ def write_allocations(ctx: Context, row, doc: dict, allocations: dict) -> int:
     return row.version + 1
 
 
+def host_changed(ctx: Context, cluster_name: str, host_arn: str) -> None:
+    """A host's row changed outside placement (it became ACTIVE, say): the table reloads it at
+    its next use, so that the next decision sees it as it is."""
+    hosts = _tables.get((id(ctx.conn.engine), cluster_name))
+    if hosts is not None:
+        hosts.forget(host_arn)
+
+
 def release(ctx: Context, host_arn: str | None, task_arn: str) -> None:
     """Give back what `task_arn` held on its host (idempotent)."""
     if not host_arn:
@@ -277,10 +286,9 @@ def place_pending(ctx: Context, cluster_name: str) -> int:
         select(tasks).where(tasks.c.cluster_name == cluster_name, tasks.c.desired_status == "RUNNING",
                             tasks.c.container_instance_arn.is_(None), tasks.c.last_status.in_(PENDING_STATES))
         .order_by(tasks.c.created_at, tasks.c.id).limit(BATCH)).all()
-    placer, placed = Placer(ctx, cluster_name, fresh=True), 0
-    placer.table  # caught up even with nothing waiting: a host just became ACTIVE, say
     if not rows:
         return 0
+    placer, placed = Placer(ctx, cluster_name, fresh=True), 0
     for row in rows:
         doc = jsonio.loads(row.doc)
         reason = placer.place(doc, row.placement or "{}")

@@ -64,6 +64,14 @@ class Prepared:
         finally:
             cursor.close()
 
+    def tuples(self, conn: Connection, params: dict) -> list[tuple]:
+        """The rows as the driver returns them (for many rows of few columns)."""
+        cursor = self._cursor(conn, params)
+        try:
+            return cursor.fetchall()
+        finally:
+            cursor.close()
+
     def all(self, conn: Connection, params: dict) -> list:
         cursor = self._cursor(conn, params)
         try:

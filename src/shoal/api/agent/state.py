@@ -16,7 +16,7 @@ from shoal.api.operations import Context, dumps
 from shoal.domain import arns, health
 from shoal.domain.errors import AuthError, InvalidParameter
 from shoal.events.changes import emit_task_change
-from shoal.scheduler.placement import release, task_definition
+from shoal.scheduler.placement import host_changed, release, task_definition
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared
 from shoal.store.tables import (capacity_providers, container_instances as cis, daemon_capacity_providers as daemon_cps,
@@ -340,6 +340,7 @@ def apply_health(ctx: Context, host, checks: dict) -> None:
         emit_health_change(ctx, cluster, doc)
     if activate:
         emit_instance_change(ctx, cluster, doc)
+        host_changed(ctx, host.cluster_name, host.arn)
         ctx.dirty_clusters.add(host.cluster_name)
         ctx.tell_agent(host.arn)
     elif host.status == "REGISTERING" and runtime_ok:

@@ -18,6 +18,7 @@ from shoal.domain.errors import InvalidParameter
 from shoal.domain.tasks import PENDING_STATES
 from shoal.events.envelope import (CONTAINER_INSTANCE_HEALTH_CHANGE, CONTAINER_INSTANCE_STATE_CHANGE, event_detail,
                                    iso)
+from shoal.scheduler.placement import host_changed
 from shoal.store.db import update_versioned
 from shoal.store.tables import container_instances as cis, tasks
 
@@ -242,6 +243,7 @@ def set_state(ctx: Context, cluster, row, status: str) -> dict:
     update_versioned(ctx.conn, cis, {"arn": row.arn}, row.version, status=status, doc=dumps(doc))
     emit_instance_change(ctx, cluster, doc)
     ctx.tell_agent(row.arn)
+    host_changed(ctx, cluster.name, row.arn)
     ctx.dirty_daemons.add(cluster.name)  # daemons stop last on a drained host
     if status == "DRAINING":
         _reschedule_services(ctx, cluster.name, row.arn)
