@@ -231,7 +231,7 @@ class MpsManager:
     def _running_pid(self, gpu: Gpu) -> int | None:
         """The pid in the pipe dir's pid file, if that process is alive and is this GPU's daemon."""
         pid = _read_pid(self.pipe_dir(gpu) / PID_FILE)
-        if pid is not None and _alive(pid) and _owned(pid, self.pipe_dir(gpu), self.binary):
+        if pid is not None and _alive(pid) and _owned(pid, self.pipe_dir(gpu), self.log_dir(gpu), self.binary):
             return pid
         return None
 
@@ -242,6 +242,9 @@ class MpsManager:
             if d is not None and not d.exited.done():
                 return d.info
             pipe, logs = self.pipe_dir(gpu), self.log_dir(gpu)
+            if len(os.fsencode(pipe / SOCKET)) > 107 and Path(self.binary).name == REAL_BINARY:
+                log.warning("MPS: socket path %s is longer than a Unix socket path may be; "
+                            "use a shorter agent data dir", pipe / SOCKET)
             pipe.mkdir(parents=True, exist_ok=True)
             logs.mkdir(parents=True, exist_ok=True)
             await self._apply_compute_mode(gpu)
@@ -341,12 +344,12 @@ class MpsManager:
                 pass
             if not (quit_sent and await _wait_gone(pid, 3.0)):
                 for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-                    if _owned(pid, pipe, self.binary):
+                    if _owned(pid, pipe, self.log_dir(gpu), self.binary):
                         _signal(pid, sig)
                     if await _wait_gone(pid, wait):
                         break
             for server in servers:  # only processes that still carry this GPU's pipe dir
-                if not await _wait_gone(server, 0.5) and _owned(server, pipe, None):
+                if not await _wait_gone(server, 0.5) and _owned(server, pipe, self.log_dir(gpu), None):
                     _signal(server, signal.SIGKILL)
         if d is not None:
             d.detach()
@@ -556,9 +559,10 @@ def _alive(pid: int) -> bool:
     return text.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
 
 
-def _owned(pid: int, pipe_dir: Path, binary: str | None) -> bool:
-    """Is `pid` a process of this pipe dir (a control daemon or one of its servers)? Its
-    environment says; without the right to read it, the process name has to do."""
+def _owned(pid: int, pipe_dir: Path, log_dir: Path, binary: str | None) -> bool:
+    """Is `pid` this GPU's control daemon or one of its servers? Their environment carries both
+    the pipe dir and the log dir (clients get the pipe dir only, so a task is never taken for
+    one). Without the right to read it, the process name has to do."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except PermissionError:
@@ -571,7 +575,8 @@ def _owned(pid: int, pipe_dir: Path, binary: str | None) -> bool:
         return comm == Path(binary).name[:15]
     except OSError:
         return False
-    return f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in env
+    return f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in env \
+        and f"CUDA_MPS_LOG_DIRECTORY={log_dir}".encode() in env
 
 
 def _signal(pid: int, sig: int) -> None:
