@@ -24,6 +24,7 @@ class Settings:
     service_healthy_after: float = 40.0  # seconds a service task without health checks runs before it is healthy
     action_log_file: Path | None = None  # also append each committed action-log entry here (JSONL)
     daemon_start_timeout: float = 300.0  # how long a critical daemon may take to start on a new host
+    mps_max_clients: int = 48  # MPS clients (containers) per GPU, as the MPS server allows by default
 
     @property
     def database_url(self) -> str:

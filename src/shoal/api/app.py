@@ -18,14 +18,15 @@ from shoal.api.metrics import metrics_route
 from shoal.api.operations import ecs, eventbridge
 from shoal.api.protocol.awsjson import AwsJsonEndpoint
 from shoal.api.queues import queue_routes
-from shoal.control.daemons import DaemonScheduler
 from shoal.api.rest import events_endpoint, healthz
 from shoal.config import Settings
+from shoal.control.daemons import DaemonScheduler
 from shoal.control.hub import Hub
 from shoal.control.services import ServiceScheduler
+from shoal.domain.arns import ArnFactory
 from shoal.events.action_log import FileSink
 from shoal.events.dispatcher import Dispatcher
-from shoal.domain.arns import ArnFactory
+from shoal.scheduler import placement
 from shoal.store.db import Store
 
 
@@ -38,6 +39,7 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
         sink.attach(store.write_engine)
     register_ecs()
     register_eventbridge()
+    placement.configure(max_mps_clients=settings.mps_max_clients)
     arns = ArnFactory(settings.region, settings.account)
     dispatcher = Dispatcher(store, settings.webhook_secret.encode())
     hub = Hub(store, arns, capacity=capacity, dispatcher=dispatcher, agent_timeout=settings.agent_timeout,

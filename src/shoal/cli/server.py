@@ -100,6 +100,9 @@ def server(
     daemon_start_timeout: Annotated[float, typer.Option(help="Seconds a critical daemon may take to run on a new "
                                                              "host before the host is given up on.",
                                                         envvar="SHOAL_DAEMON_START_TIMEOUT")] = 300.0,
+    mps_max_clients: Annotated[int, typer.Option(min=1, max=48, help="MPS clients (containers) placed per GPU at "
+                                                                     "most (the MPS server's limit is 48).",
+                                                 envvar="SHOAL_MPS_MAX_CLIENTS")] = 48,
 ) -> None:
     """Run the control plane (ECS JSON API, events, REST extras)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -118,7 +121,8 @@ def server(
                         join_token=join_token or load_or_create_join_token(data_dir),
                         webhook_secret=webhook_secret or load_or_create_secret(data_dir, "webhook-secret"),
                         agent_timeout=agent_timeout, service_healthy_after=service_healthy_after,
-                        action_log_file=action_log_file, daemon_start_timeout=daemon_start_timeout)
+                        action_log_file=action_log_file, daemon_start_timeout=daemon_start_timeout,
+                        mps_max_clients=mps_max_clients)
     capacity = capacity_controller(settings, provisioner, provisioner_launch, provisioner_terminate,
                                    provisioner_list, scale_in_after)
     capacity.server_url = advertise_url

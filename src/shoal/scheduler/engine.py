@@ -16,7 +16,7 @@ import numpy as np
 
 from shoal.domain import query
 from shoal.scheduler.constraints import evaluate, is_static
-from shoal.scheduler.hosts import IDLE, MAX_MPS_CLIENTS, MPS, HostColumns
+from shoal.scheduler.hosts import IDLE, HostColumns
 from shoal.scheduler.resources import ALL_GPUS, Demand, allocation
 
 UNCHOSEN = np.iinfo(np.int64).max  # the score of a slot that is not a candidate
@@ -170,10 +170,7 @@ class HostTable(HostColumns):
             return self.mps_room[:self.size] >= memory
         out = np.zeros(self.size, bool)
         idx = np.flatnonzero(ok)
-        mode = self.gpu_mode[idx]
-        usable = ((mode == IDLE) | (mode == MPS)) & (self.gpu_free[idx] >= memory) \
-            & (self.gpu_clients[idx] + clients <= MAX_MPS_CLIENTS)
-        out[idx] = usable.any(axis=1)
+        out[idx] = (self.mps_usable(idx, clients) & (self.gpu_free[idx] >= memory)).any(axis=1)
         return out
 
     def _ports_free(self, i: int, need: Demand) -> bool:
@@ -256,9 +253,8 @@ class HostTable(HostColumns):
             memory, clients = sum(need.mps_memory.values()), len(need.mps_memory)
             # Prefer a GPU already shared, the fullest that fits, so idle GPUs stay whole.
             mode, free = self.gpu_mode[i].tolist(), self.gpu_free[i].tolist()
-            users = self.gpu_clients[i].tolist()
-            best = min((g for g in range(len(uuids))
-                        if mode[g] in (IDLE, MPS) and free[g] >= memory and users[g] + clients <= MAX_MPS_CLIENTS),
+            usable = self.mps_usable(i, clients).tolist()
+            best = min((g for g in range(len(uuids)) if usable[g] and free[g] >= memory),
                        key=lambda g: (mode[g] == IDLE, free[g]))
             gpus[uuids[best]] = {"mode": "mps", "containers": clients, "memory": memory}
             ids.update({name: [uuids[best]] for name in need.mps_memory})

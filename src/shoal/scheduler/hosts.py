@@ -40,9 +40,10 @@ class HostInfo:
     ec2_instance_id: str | None = None
     allocations: dict[str, dict] = field(default_factory=dict)  # task ARN -> allocation
     blocked: bool = False  # ACTIVE, but takes no new application tasks (a critical daemon is down)
+    impaired_gpus: frozenset[str] = frozenset()  # GPUs that take no new MPS work (their MPS daemon is down)
 
     def static_key(self) -> tuple:
-        return (self.status, self.blocked, self.connected, self.provider, tuple(sorted(self.attributes.items(),
+        return (self.status, self.blocked, self.impaired_gpus, self.connected, self.provider, tuple(sorted(self.attributes.items(),
                 key=lambda kv: kv[0])), self.agent_version, self.ec2_instance_id, self.registered_at,
                 self.cpu, self.memory, tuple(self.gpus))
 
@@ -76,7 +77,9 @@ AGENT_VERSION, EC2_INSTANCE_ID = "\0agentVersion", "\0ec2InstanceId"  # columns 
 class HostColumns:
     """Every non-INACTIVE host of one cluster, columnar (the decisions: engine.HostTable)."""
 
-    def __init__(self, capacity: int = 64, gpus_per_host: int = 8, rng: random.Random | None = None):
+    def __init__(self, capacity: int = 64, gpus_per_host: int = 8, rng: random.Random | None = None,
+                 max_mps_clients: int = MAX_MPS_CLIENTS):
+        self.max_mps_clients = max_mps_clients
         self.size = 0  # slots in use or freed, [0, size)
         self.slot: dict[str, int] = {}
         self.hosts: list[HostInfo | None] = []
@@ -106,6 +109,7 @@ class HostColumns:
         self.gpu_mode = np.full((n, g), NO_GPU, np.int8)
         self.gpu_free = np.zeros((n, g), np.int64)  # MiB left for MPS shares
         self.gpu_clients = np.zeros((n, g), np.int32)
+        self.gpu_mps_ok = np.zeros((n, g), bool)  # the GPU's MPS daemon is healthy: it may take MPS shares
         self.columns: dict[str, Column] = {}
         self.groups: dict[str, np.ndarray] = {}
 
@@ -118,7 +122,7 @@ class HostColumns:
         for name, fill in (("present", False), ("active", False), ("connected", False), ("provider", -1),
                            ("cpu_free", 0), ("mem_free", 0), ("running", 0), ("registered_at", 0.0),
                            ("gpu_count", 0), ("idle_gpus", 0), ("mps_room", -1), ("gpu_mode", NO_GPU), ("gpu_free", 0),
-                           ("gpu_clients", 0)):
+                           ("gpu_clients", 0), ("gpu_mps_ok", False)):
             setattr(self, name, pad(getattr(self, name), fill))
         for column in self.columns.values():
             column.grow(n)
@@ -172,8 +176,10 @@ class HostColumns:
         self.registered_at[i] = host.registered_at
         self.gpu_count[i] = self.idle_gpus[i] = len(host.gpus)
         self.gpu_mode[i], self.gpu_free[i], self.gpu_clients[i] = NO_GPU, 0, 0
-        for g, (_, total) in enumerate(host.gpus):
+        self.gpu_mps_ok[i] = False
+        for g, (uuid, total) in enumerate(host.gpus):
             self.gpu_mode[i, g], self.gpu_free[i, g] = IDLE, total
+            self.gpu_mps_ok[i, g] = uuid not in host.impaired_gpus
         self._refresh_gpus(i)
         for name, column in self.columns.items():
             column.set(i, *self._property(host, name))
@@ -259,8 +265,15 @@ class HostColumns:
                     self.gpu_clients[i, g] += sign
             self._refresh_gpus(i)
 
+    def mps_usable(self, rows, clients: int) -> np.ndarray:
+        """Which GPUs of host slot(s) `rows` may take an MPS share of `clients` more clients
+        (memory aside): shared or idle, their MPS daemon healthy, room for the clients."""
+        mode = self.gpu_mode[rows]
+        return (((mode == IDLE) | (mode == MPS)) & self.gpu_mps_ok[rows]
+                & (self.gpu_clients[rows] + clients <= self.max_mps_clients))
+
     def _refresh_gpus(self, i: int) -> None:
         mode = self.gpu_mode[i]
         self.idle_gpus[i] = int(np.count_nonzero(mode == IDLE))
-        usable = ((mode == IDLE) | (mode == MPS)) & (self.gpu_clients[i] < MAX_MPS_CLIENTS)
+        usable = self.mps_usable(i, 1)
         self.mps_room[i] = int(self.gpu_free[i][usable].max()) if usable.any() else -1

@@ -27,7 +27,7 @@ from shoal.api.operations import Context, dumps
 from shoal.domain.tasks import PENDING_STATES
 from shoal.events.changes import emit_task_change
 from shoal.scheduler.engine import Decision, HostTable, Plan
-from shoal.scheduler.hosts import HostInfo
+from shoal.scheduler.hosts import MAX_MPS_CLIENTS, HostInfo
 from shoal.scheduler.resources import HostCapacity, demand, overbooked
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared
@@ -39,6 +39,7 @@ BATCH = 5000  # waiting tasks placed per unit of work by the control loop
 # seeing new room (tasks that wait are placed by the control loop, which syncs first); what is
 # gone is caught when the decision is written.
 SYNC_INTERVAL = 2.0
+_max_mps_clients = MAX_MPS_CLIENTS  # per GPU: `shoal server --mps-max-clients` (configure)
 _definitions: dict[str, dict] = {}  # task definitions never change once registered (status aside)
 _plans: dict[str, Plan] = {}
 _tables: dict[tuple[int, str], "_ClusterHosts"] = {}
@@ -49,6 +50,14 @@ _HOST_VERSIONS = Prepared(select(cis.c.arn, cis.c.version).where(cis.c.cluster_n
 _WRITE_HOST = Prepared(update(cis).where(cis.c.arn == bindparam("host"), cis.c.version == bindparam("expected"))
                        .values(version=bindparam("next_version"), allocations=bindparam("new_allocations"),
                                doc=bindparam("new_doc")))
+
+
+def configure(*, max_mps_clients: int) -> None:
+    """Server settings that placement reads (before any host table is built)."""
+    global _max_mps_clients
+    _max_mps_clients = max_mps_clients
+    for hosts in _tables.values():
+        hosts.table.max_mps_clients = max_mps_clients
 
 
 def task_definition(ctx: Context, arn: str) -> dict:
@@ -86,7 +95,7 @@ def host_info(row) -> HostInfo:
         registered_at=doc.get("registeredAt") or 0.0,
         agent_version=(doc.get("versionInfo") or {}).get("agentVersion"),
         ec2_instance_id=doc.get("ec2InstanceId"), allocations=jsonio.loads(row.allocations),
-        blocked=bool(doc.get("_blocked")))
+        blocked=bool(doc.get("_blocked")), impaired_gpus=frozenset(doc.get("_impairedGpus", ())))
 
 
 class _ClusterHosts:
@@ -94,7 +103,7 @@ class _ClusterHosts:
 
     def __init__(self, cluster_name: str):
         self.cluster_name = cluster_name
-        self.table = HostTable()
+        self.table = HostTable(max_mps_clients=_max_mps_clients)
         self.synced_at = float("-inf")
         self.resync = True
 
@@ -234,6 +243,9 @@ def _unusable(row, new: dict[str, dict], *, connected_required: bool, any_status
         return "agent not connected"
     if connected_required and doc.get("_blocked"):
         return "a critical daemon is down"
+    impaired = set(doc.get("_impairedGpus", ()))
+    if any(use["mode"] == "mps" and uuid in impaired for a in new.values() for uuid, use in a["gpus"].items()):
+        return "the GPU's MPS control daemon is impaired"
     return overbooked(doc["registeredResources"], doc.get("gpuDevices", []), {**jsonio.loads(row.allocations), **new})
 
 

@@ -305,6 +305,20 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
             "version": doc["version"]}
 
 
+def _impaired_gpus(doc: dict, check: dict) -> None:
+    """The GPUs an ACCELERATED_COMPUTE check names (`gpus`: UUIDs whose MPS control daemon is
+    down) take no new MPS shares; on managed capacity the impaired host is replaced anyway."""
+    gpus = check.get("gpus") or []
+    known = {g["gpuId"] for g in doc.get("gpuDevices", [])}
+    if not isinstance(gpus, list) or not all(isinstance(g, str) and g in known for g in gpus):
+        raise InvalidParameter("Invalid parameter 'health.ACCELERATED_COMPUTE.gpus': expected UUIDs of this host's "
+                               "GPUs.")
+    if gpus:
+        doc["_impairedGpus"] = sorted(set(gpus))
+    else:
+        doc.pop("_impairedGpus", None)
+
+
 def _has_daemons(ctx: Context, provider: str | None) -> bool:
     return provider is not None and _PROVIDER_DAEMON.first(ctx.conn, {"provider": provider}) is not None
 
@@ -316,7 +330,7 @@ def apply_health(ctx: Context, host, checks: dict) -> None:
     (then the daemon scheduler activates it)."""
     doc = jsonio.loads(host.doc)
     hs = doc.get("healthStatus") or initial_health(ctx.now)
-    before = jsonio.dumps(hs)
+    before, gpus_before = jsonio.dumps(hs), doc.get("_impairedGpus")
     changed = False  # a transition: announced
     for kind, check in checks.items():
         if kind not in HEALTH_CHECKS or not isinstance(check, dict) or check.get("status") not in CHECK_STATUSES:
@@ -324,6 +338,8 @@ def apply_health(ctx: Context, host, checks: dict) -> None:
                                    f"status in {CHECK_STATUSES}.")
         if kind != "DAEMON":
             changed |= health.set_check(hs, kind, check["status"], str(check.get("reason") or "") or None, ctx.now)
+        if kind == "ACCELERATED_COMPUTE":
+            _impaired_gpus(doc, check)
     runtime_ok = health.check(hs, "CONTAINER_RUNTIME")["status"] == "OK"
     daemons = _has_daemons(ctx, host.capacity_provider_name) if host.status == "REGISTERING" or \
         health.check(hs, "DAEMON")["status"] == "INITIALIZING" else True
@@ -333,8 +349,11 @@ def apply_health(ctx: Context, host, checks: dict) -> None:
     activate = host.status == "REGISTERING" and runtime_ok and not daemons
     if activate:
         doc.update(status="ACTIVE", version=doc["version"] + 1)
-    if jsonio.dumps(hs) != before or activate:
+    if jsonio.dumps(hs) != before or doc.get("_impairedGpus") != gpus_before or activate:
         update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, status=doc["status"], doc=dumps(doc))
+    if doc.get("_impairedGpus") != gpus_before:
+        host_changed(ctx, host.cluster_name, host.arn)  # its next MPS placement knows
+        ctx.dirty_clusters.add(host.cluster_name)  # a GPU back: room for waiting MPS work
     cluster = _cluster_of(ctx, host) if changed or activate else None
     if changed and host.status != "REGISTERING":
         emit_health_change(ctx, cluster, doc)

@@ -24,8 +24,9 @@ from shoal.store.tables import container_instances as cis, tasks
 
 HEALTH_CHECKS = health.CHECKS
 # Internal fields of a host's document, never shown: `_blocked` is why the host takes no new
-# application tasks although ACTIVE (a critical daemon is down: shoal.control.daemons).
-_INTERNAL = ("_blocked",)
+# application tasks although ACTIVE (a critical daemon is down: shoal.control.daemons);
+# `_impairedGpus` the GPUs whose MPS control daemon its agent reports down (no new MPS shares).
+_INTERNAL = ("_blocked", "_impairedGpus")
 
 
 def emit_instance_change(ctx: Context, cluster, doc: dict) -> None:
