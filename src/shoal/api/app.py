@@ -18,6 +18,7 @@ from shoal.api.metrics import metrics_route
 from shoal.api.operations import ecs, eventbridge
 from shoal.api.protocol.awsjson import AwsJsonEndpoint
 from shoal.api.queues import queue_routes
+from shoal.api.recovery import recovery_routes
 from shoal.api.rest import events_endpoint, healthz
 from shoal.config import Settings
 from shoal.control.daemons import DaemonScheduler
@@ -70,6 +71,7 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
             *action_log_routes(store, aws.authenticate),
             *alarm_routes(store, arns, aws.authenticate),
             *daemon_sli_routes(store, aws.authenticate),
+            *recovery_routes(store, settings, aws.authenticate),
             Route("/healthz", healthz, methods=["GET"]),
             metrics_route(store),  # unauthenticated, like /healthz: see docs/decisions.md
         ],

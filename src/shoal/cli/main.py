@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shoal.cli import actions, agent, alarm, catalog, daemons, events, logs, rules, server, sim, up
+from shoal.cli import actions, agent, alarm, catalog, daemons, events, explain, logs, rules, server, sim, up
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="shoal: a self-hosted orchestrator for GPU fleets that speaks the Amazon ECS API.")
@@ -15,6 +15,7 @@ app.command("logs")(logs.logs)
 app.command("sim")(sim.sim)
 app.add_typer(events.app, name="events")
 app.add_typer(rules.app, name="rules")
+app.add_typer(explain.app, name="explain")
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(actions.app, name="actions")
 app.add_typer(alarm.app, name="alarm")

@@ -52,6 +52,7 @@ COOLDOWN = 600.0
 RERUN_TAG = "shoal:rerun-of"
 DAEMON_GRACE = 10.0  # after the last application task, how long the daemons get to stop
 STOP_CODE = "TerminationNotice"
+LOST_AGENT_GRACE = 60.0  # a lost agent is repaired after this long: not for a blip of the network
 
 
 def rate_limit(hosts: int) -> int:
@@ -59,7 +60,7 @@ def rate_limit(hosts: int) -> int:
     return 1 if hosts < 9 else max(1, math.floor(0.2 * hosts))
 
 
-def impairment(status: str, doc: dict) -> str | None:
+def impairment(status: str, doc: dict, now: float) -> str | None:
     """Why a host needs repair, or None."""
     if status == "REGISTRATION_FAILED":
         return doc.get("statusReason") or "registration failed"
@@ -70,6 +71,9 @@ def impairment(status: str, doc: dict) -> str | None:
         check = health.check(hs, kind) if hs else {}
         if check.get("status") == "IMPAIRED" and health.counts(check):
             return f"{kind}: {check.get('statusReason') or 'impaired'}"
+    lost = health.check(hs, "AGENT_CONNECTIVITY") if hs else {}
+    if lost.get("status") == "IMPAIRED" and now - lost.get("lastStatusChange", now) >= LOST_AGENT_GRACE:
+        return f"AGENT_CONNECTIVITY: {lost.get('statusReason') or 'agent lost'}"
     return None
 
 
@@ -102,7 +106,7 @@ class RepairController:
                 if record is not None and record.state == "DRAINING":
                     await self._advance(hub, view, host, record)
                     continue
-                reason = impairment(host.status, jsonio.loads(host.doc))
+                reason = impairment(host.status, jsonio.loads(host.doc), now)
                 if reason is None and record is not None and record.state == "WAITING":
                     await hub.write(lambda ctx, h=host: _recovered(ctx, h))
                 if reason is None or host.ec2_instance_id in replacements:
@@ -129,7 +133,8 @@ class RepairController:
         if record is None or record.replacement_host_id is None:  # (or the launch failed last time)
             await self._launch(hub, view, host)
             return
-        if not await hub.write(lambda ctx: _move_tasks(ctx, host.arn, record,
+        lost = not jsonio.loads(host.doc).get("agentConnected")
+        if not await hub.write(lambda ctx: _move_tasks(ctx, host.arn, record, lost=lost,
                                                        wait_for_replacement=host.status != "REGISTRATION_FAILED")):
             return
         await asyncio.to_thread(self.capacity.provisioner.terminate, host.ec2_instance_id)
@@ -211,7 +216,7 @@ def _recovered(ctx: Context, host) -> None:
 
 def _start(ctx: Context, view: ProviderHosts, host, reason: str) -> bool:
     row = ctx.conn.execute(select(cis).where(cis.c.arn == host.arn).with_for_update()).first()
-    if row is None or row.version is None or impairment(row.status, jsonio.loads(row.doc)) is None:
+    if row is None or row.version is None or impairment(row.status, jsonio.loads(row.doc), ctx.now) is None:
         return False  # recovered, or gone, meanwhile
     cluster = cluster_row(ctx, row.cluster_name)
     if row.status == "ACTIVE":
@@ -251,10 +256,12 @@ def _replacement_active(ctx: Context, record) -> str | None:
                                                     cis.c.status == "ACTIVE")).scalar_one_or_none()
 
 
-def _move_tasks(ctx: Context, host_arn: str, record, *, wait_for_replacement: bool = True) -> bool:
+def _move_tasks(ctx: Context, host_arn: str, record, *, wait_for_replacement: bool = True, lost: bool = False) -> bool:
     """Re-run the host's standalone tasks once elsewhere, stop each original once its copy runs;
     True when the host can go: no application task left on it, its daemons stopped (or given
-    DAEMON_GRACE), its replacement ACTIVE (a host that never got ACTIVE need not wait for it)."""
+    DAEMON_GRACE), its replacement ACTIVE (a host that never got ACTIVE need not wait for it).
+    A host whose agent is lost stops nothing: it goes once the copies exist and the replacement
+    is ACTIVE, and its tasks are marked STOPPED as it is deregistered."""
     replacement = _replacement_active(ctx, record)
     reruns: dict[str, str] = jsonio.loads(record.reruns or "{}")
     live = ctx.conn.execute(select(tasks).where(tasks.c.container_instance_arn == host_arn,
@@ -274,7 +281,11 @@ def _move_tasks(ctx: Context, host_arn: str, record, *, wait_for_replacement: bo
     if changed:
         ctx.conn.execute(update(host_repairs).where(host_repairs.c.host_arn == host_arn)
                          .values(reruns=dumps(reruns)))
-    if apps or (replacement is None and wait_for_replacement):
+    if replacement is None and wait_for_replacement:
+        return False
+    if lost:
+        return True
+    if apps:
         return False
     daemons_left = [t for t in live if t.daemon_name is not None]
     if daemons_left:

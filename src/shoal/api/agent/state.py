@@ -16,6 +16,7 @@ from shoal.api.operations import Context, dumps
 from shoal.domain import arns, health
 from shoal.domain.errors import AuthError, InvalidParameter
 from shoal.events.changes import emit_task_change
+from shoal.events.envelope import iso
 from shoal.scheduler.placement import host_changed, release, task_definition
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared
@@ -177,10 +178,21 @@ def connected(ctx: Context, token: str) -> str:
     doc = jsonio.loads(host.doc)
     if not doc.get("agentConnected"):
         doc.update(agentConnected=True, version=doc["version"] + 1)
+        changed = _connectivity(ctx, doc, "OK", None)
         update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, doc=dumps(doc))
-        emit_instance_change(ctx, _cluster_of(ctx, host), doc)
+        cluster = _cluster_of(ctx, host)
+        emit_instance_change(ctx, cluster, doc)
+        if changed:
+            emit_health_change(ctx, cluster, doc)
         ctx.dirty_clusters.add(host.cluster_name)
     return host.arn
+
+
+def _connectivity(ctx: Context, doc: dict, status: str, reason: str | None) -> bool:
+    """The AGENT_CONNECTIVITY check follows the agent's connection (once the host is in service)."""
+    if doc.get("status") == "REGISTERING" or "healthStatus" not in doc:
+        return False
+    return health.set_check(doc["healthStatus"], "AGENT_CONNECTIVITY", status, reason, ctx.now)
 
 
 def disconnected(ctx: Context, host_arn: str) -> None:
@@ -191,8 +203,12 @@ def disconnected(ctx: Context, host_arn: str) -> None:
     doc = jsonio.loads(host.doc)
     if doc.get("agentConnected"):
         doc.update(agentConnected=False, version=doc["version"] + 1)
+        changed = _connectivity(ctx, doc, "IMPAIRED", f"Agent disconnected since {iso(ctx.now)}")
         update_versioned(ctx.conn, cis, {"arn": host.arn}, host.version, doc=dumps(doc))
-        emit_instance_change(ctx, _cluster_of(ctx, host), doc)
+        cluster = _cluster_of(ctx, host)
+        emit_instance_change(ctx, cluster, doc)
+        if changed:
+            emit_health_change(ctx, cluster, doc)
 
 
 def desired_state(ctx: Context, host_arn: str, cursor: int | None = None) -> dict:
