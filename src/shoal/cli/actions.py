@@ -9,11 +9,10 @@ import time
 from datetime import datetime, timezone
 from typing import Annotated, Optional
 
-import httpx
 import typer
 
 from shoal.cli import client
-from shoal.cli.events import fail
+from shoal.cli.client import fail
 
 app = typer.Typer(no_args_is_help=True, help="Read a cluster's action log: what shoal did and why.")
 RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -36,17 +35,6 @@ def since_epoch(value: str, now: float | None = None) -> float:
     if not math.isfinite(epoch):
         raise ValueError(value)
     return epoch
-
-
-def get(path: str, params: dict) -> dict:
-    """A signed GET of a REST extra; an error response or an unreachable server exits 1."""
-    try:
-        resp = client.get(path, params)
-    except httpx.HTTPError as err:
-        fail(f"cannot reach shoal at {client.endpoint()}: {err}")
-    if resp.status_code != 200:
-        fail(client.error_of(resp))
-    return resp.json()
 
 
 def _line(entry: dict) -> str:
@@ -73,7 +61,7 @@ def list_actions(
             fail(f"invalid --since {since!r}: an ISO 8601 time, epoch seconds, or a duration such as 10m or 1h", 2)
     entries: list[dict] = []
     while True:
-        page = get("/v1/action-logs", params)
+        page = client.call("GET", "/v1/action-logs", params)
         entries.extend(page["entries"])
         if page["next"] is None:
             break

@@ -6,33 +6,14 @@ import json
 import re
 from typing import Annotated, Optional
 
-import httpx
 import typer
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
 
 from shoal.cli import client
-from shoal.cli.actions import get
-from shoal.cli.events import fail
+from shoal.cli.client import fail
 
 STATES = ("ALARM", "OK", "INSUFFICIENT_DATA")  # as shoal.control.alarms.STATES
 NAME = re.compile(r"[A-Za-z0-9._:-]{1,255}")  # as shoal.control.alarms.NAME (it goes into the URL path)
 app = typer.Typer(no_args_is_help=True, help="Named alarms that daemon deployments watch (roll back on ALARM).")
-
-
-def _put(path: str, body: dict) -> dict:
-    """A SigV4-signed PUT of a JSON body; an error response or an unreachable server exits 1."""
-    url = client.endpoint() + path
-    data = json.dumps(body).encode()
-    request = AWSRequest(method="PUT", url=url, data=data, headers={"Content-Type": "application/json"})
-    SigV4Auth(client._credentials(), "ecs", client._region()).add_auth(request)
-    try:
-        resp = httpx.put(url, content=data, headers=dict(request.headers.items()), timeout=30)
-    except httpx.HTTPError as err:
-        fail(f"cannot reach shoal at {client.endpoint()}: {err}")
-    if resp.status_code != 200:
-        fail(client.error_of(resp))
-    return resp.json()
 
 
 def _line(alarm: dict) -> str:
@@ -51,7 +32,7 @@ def set_alarm(
     if state.upper() not in STATES:
         fail(f"invalid state {state!r}: one of {', '.join(STATES)}", 2)
     body = {"state": state.upper(), **({"reason": reason} if reason is not None else {})}
-    typer.echo(_line(_put(f"/v1/alarms/{name}", body)["alarm"]))
+    typer.echo(_line(client.call("PUT", f"/v1/alarms/{name}", body=body)["alarm"]))
 
 
 @app.command("list")
@@ -59,7 +40,7 @@ def list_alarms(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON array of alarms.")] = False,
 ) -> None:
     """List the alarms, by name."""
-    found = get("/v1/alarms", {})["alarms"]
+    found = client.call("GET", "/v1/alarms")["alarms"]
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return

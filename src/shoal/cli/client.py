@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import httpx
+import typer
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
@@ -31,24 +32,43 @@ def _credentials() -> Credentials:
     return Credentials(key, secret)
 
 
-def get(path: str, params: dict) -> httpx.Response:
-    url = str(httpx.URL(endpoint() + path, params={k: v for k, v in params.items() if v is not None}))
-    request = AWSRequest(method="GET", url=url)
-    SigV4Auth(_credentials(), "ecs", os.environ.get("AWS_DEFAULT_REGION", "local")).add_auth(request)
-    return httpx.get(url, headers=dict(request.headers.items()), timeout=30)
-
-
 def _region() -> str:
     return os.environ.get("AWS_DEFAULT_REGION", "local")
 
 
-def post(path: str, body: dict, params: dict | None = None) -> httpx.Response:
-    """A SigV4-signed POST of a JSON body (REST extras such as queue acknowledgements)."""
+def send(method: str, path: str, params: dict | None = None, body: dict | None = None) -> httpx.Response:
+    """A SigV4-signed request to one of the server's REST extras (a JSON body, if given)."""
     url = str(httpx.URL(endpoint() + path, params={k: v for k, v in (params or {}).items() if v is not None}))
-    data = json.dumps(body).encode()
-    request = AWSRequest(method="POST", url=url, data=data, headers={"Content-Type": "application/json"})
+    data = json.dumps(body).encode() if body is not None else b""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    request = AWSRequest(method=method, url=url, data=data, headers=headers)
     SigV4Auth(_credentials(), "ecs", _region()).add_auth(request)
-    return httpx.post(url, content=data, headers=dict(request.headers.items()), timeout=30)
+    return httpx.request(method, url, content=data or None, headers=dict(request.headers.items()), timeout=30)
+
+
+def get(path: str, params: dict) -> httpx.Response:
+    return send("GET", path, params)
+
+
+def post(path: str, body: dict, params: dict | None = None) -> httpx.Response:
+    return send("POST", path, params, body)
+
+
+def fail(message: str, code: int = 1):
+    """Print `error: <message>` and exit with `code` (1: the server said no or is unreachable)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def call(method: str, path: str, params: dict | None = None, body: dict | None = None) -> dict:
+    """The JSON answer of a REST extra; an error response or an unreachable server exits 1."""
+    try:
+        resp = send(method, path, params, body)
+    except httpx.HTTPError as err:
+        fail(f"cannot reach shoal at {endpoint()}: {err}")
+    if resp.status_code != 200:
+        fail(error_of(resp))
+    return resp.json()
 
 
 def error_of(resp: httpx.Response) -> str:

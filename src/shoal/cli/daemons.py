@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from shoal.cli.actions import get
+from shoal.cli import client
 
 app = typer.Typer(no_args_is_help=True, help="Managed daemons: service level indicators.")
 
@@ -39,7 +39,7 @@ def sli(
 ) -> None:
     """Start success rate, restart frequency, mean time to repair (host replaced / daemon recovered
     in place) and hosts without the daemon now, per daemon, over the window."""
-    found = get("/v1/daemons/sli", {"cluster": cluster, "daemon": daemon, "window": window})["daemons"]
+    found = client.call("GET", "/v1/daemons/sli", {"cluster": cluster, "daemon": daemon, "window": window})["daemons"]
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return

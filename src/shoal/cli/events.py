@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Annotated, Optional
 
-import httpx
 import typer
 
 from shoal.cli import client
+from shoal.cli.client import fail
 from shoal.events.patterns import InvalidEventPattern, Pattern, compile_pattern
 
 app = typer.Typer(no_args_is_help=True,
@@ -38,27 +38,11 @@ def text_arg(value: str, what: str) -> str:
         fail(f"cannot read {what} from {name}: {err.strerror or err}", 2)
 
 
-def fail(message: str, code: int = 1):
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def _pattern(value: str) -> Pattern:
     try:
         return compile_pattern(text_arg(value, "the pattern"))
     except InvalidEventPattern as err:
         fail(f"InvalidEventPatternException: {err.message}", 2)
-
-
-def _get(path: str, params: dict) -> dict:
-    """A signed GET of a REST extra; an error response or an unreachable server exits 1."""
-    try:
-        resp = client.get(path, params)
-    except httpx.HTTPError as err:
-        fail(f"cannot reach shoal at {client.endpoint()}: {err}")
-    if resp.status_code != 200:
-        fail(client.error_of(resp))
-    return resp.json()
 
 
 def _line(env: dict) -> str:
@@ -78,7 +62,7 @@ def list_events(
     found: list[dict] = []
     after = since
     while len(found) < limit:
-        page = _get("/v1/events", {"after": after, "limit": min(PAGE, limit - len(found))})
+        page = client.call("GET", "/v1/events", {"after": after, "limit": min(PAGE, limit - len(found))})
         found.extend(page["events"])
         if len(page["events"]) == 0 or page["cursor"] == after:
             break
@@ -94,7 +78,7 @@ def _end_cursor() -> str | None:
     """The cursor after the last event in the log now."""
     after = None
     while True:
-        page = _get("/v1/events", {"after": after, "limit": 1000})
+        page = client.call("GET", "/v1/events", {"after": after, "limit": 1000})
         if not page["events"]:
             return page["cursor"] if after is None else after
         after = page["cursor"]
@@ -118,7 +102,7 @@ def tail(
     try:
         after = since if since is not None else _end_cursor()
         while True:
-            page = _get("/v1/events", {"after": after, "limit": PAGE})
+            page = client.call("GET", "/v1/events", {"after": after, "limit": PAGE})
             for env in page["events"]:
                 if matcher is None or matcher.matches(env):
                     typer.echo(json.dumps(env, separators=(",", ":")) if as_json else _line(env))
@@ -182,7 +166,7 @@ def consume(
     try:
         while max_messages is None or done < max_messages:
             batch = QUEUE_BATCH if max_messages is None else min(QUEUE_BATCH, max_messages - done)
-            messages = _get(path + "/messages", {"max": batch, "visibility": visibility})["messages"]
+            messages = client.call("GET", path + "/messages", {"max": batch, "visibility": visibility})["messages"]
             for msg in messages:
                 body = _body(msg["body"])
                 out = {**msg, "body": body} if verbose else body
@@ -201,9 +185,4 @@ def consume(
 
 
 def _ack(path: str, receipts: list[str]) -> None:
-    try:
-        resp = client.post(path + "/ack", {"receipts": receipts})
-    except httpx.HTTPError as err:
-        fail(f"cannot reach shoal at {client.endpoint()} to acknowledge: {err}")
-    if resp.status_code != 200:
-        fail(client.error_of(resp))
+    client.call("POST", path + "/ack", body={"receipts": receipts})

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from shoal.cli.actions import get
+from shoal.cli import client
 
 app = typer.Typer(no_args_is_help=True, help="Explain what shoal does, from the live configuration.")
 
@@ -22,7 +22,7 @@ def recovery(
 ) -> None:
     """Per capacity provider: detectors and thresholds, the action and who takes it, rate limits,
     and where task resumption ends."""
-    found = get("/v1/explain/recovery", {"cluster": cluster, "capacityProvider": capacity_provider})
+    found = client.call("GET", "/v1/explain/recovery", {"cluster": cluster, "capacityProvider": capacity_provider})
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return

@@ -15,7 +15,8 @@ import typer
 from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
 from shoal.cli import client
-from shoal.cli.events import fail, text_arg
+from shoal.cli.client import fail
+from shoal.cli.events import text_arg
 
 app = typer.Typer(no_args_is_help=True, help="Event rules and their targets (EventBridge API).")
 
