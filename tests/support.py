@@ -69,6 +69,11 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def database_url(self) -> str:
+        """The server's own database (tests that write what only a reconciler would)."""
+        return self.db_url or f"sqlite:///{self.data_dir / 'shoal.db'}"
+
+    @property
     def credentials(self) -> dict:
         return json.loads((self.data_dir / "credentials.json").read_text())
 
@@ -153,3 +158,15 @@ def kill_workloads(root: Path) -> None:
                 kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def shoal_cli(server: ServerProcess, home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
+    """`shoal <args>` as a user runs it against `server` (endpoint and credentials in the
+    environment, nothing else); asserts its exit code."""
+    creds = server.credentials
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "HOME": str(home),
+           "AWS_ACCESS_KEY_ID": creds["accessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["secretAccessKey"],
+           "AWS_DEFAULT_REGION": "local", "SHOAL_ENDPOINT": server.endpoint}
+    proc = subprocess.run([sys.executable, "-m", "shoal", *args], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, f"shoal {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc

@@ -34,7 +34,7 @@ from shoal.events.envelope import iso
 from shoal.store import migrate
 from shoal.store.db import Store
 from shoal.store.tables import action_logs, metadata
-from tests.support import database_url_for, wait_for
+from tests.support import database_url_for, shoal_cli, wait_for
 
 ARNS = ArnFactory()
 KEYS = {"timestamp", "logLevel", "resourceArn", "actionSourceId", "eventName", "detail"}
@@ -203,17 +203,6 @@ def test_a_deleted_cluster_keeps_its_log(server, ecs, db, unique):
 
 # --- the CLI ----------------------------------------------------------------------------------------
 
-SHOAL = [sys.executable, "-m", "shoal"]
-
-
-def shoal(server, home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
-    creds = server.credentials
-    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "HOME": str(home),
-           "AWS_ACCESS_KEY_ID": creds["accessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["secretAccessKey"],
-           "AWS_DEFAULT_REGION": "local", "SHOAL_ENDPOINT": server.endpoint}
-    proc = subprocess.run([*SHOAL, *args], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == code, f"shoal {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def test_cli_json_is_one_array_oldest_first_across_pages(server, ecs, db, unique, tmp_path, backend):
@@ -226,30 +215,30 @@ def test_cli_json_is_one_array_oldest_first_across_pages(server, ecs, db, unique
     # More than the CLI's page of 1000: `--json` must follow `next` and still print one array.
     record(db, *[entry(cluster, f"N{i:04d}", daemon="gpu-exporter" if i % 2 else None) for i in range(1001)])
 
-    out = shoal(server, tmp_path, "actions", "list", "--cluster", cluster, "--json").stdout
+    out = shoal_cli(server, tmp_path, "actions", "list", "--cluster", cluster, "--json").stdout
     doc = json.loads(out)  # one JSON document
     assert isinstance(doc, list) and [e["eventName"] for e in doc] == ["OLD"] + [f"N{i:04d}" for i in range(1001)]
     assert all(set(e) == KEYS for e in doc)
 
-    recent = json.loads(shoal(server, tmp_path, "actions", "list", "--cluster", cluster, "--since", "1h",
+    recent = json.loads(shoal_cli(server, tmp_path, "actions", "list", "--cluster", cluster, "--since", "1h",
                               "--daemon", "gpu-exporter", "--json").stdout)
     assert [e["eventName"] for e in recent] == [f"N{i:04d}" for i in range(1, 1001, 2)]
-    since_iso = json.loads(shoal(server, tmp_path, "actions", "list", "--cluster", cluster,
+    since_iso = json.loads(shoal_cli(server, tmp_path, "actions", "list", "--cluster", cluster,
                                  "--since", iso(old + 1), "--json").stdout)
     assert len(since_iso) == 1001
 
-    table = shoal(server, tmp_path, "actions", "list", "--cluster", cluster, "--daemon", "gpu-exporter").stdout
+    table = shoal_cli(server, tmp_path, "actions", "list", "--cluster", cluster, "--daemon", "gpu-exporter").stdout
     lines = table.splitlines()
     assert len(lines) == 501 and lines[0].split()[1:4] == ["INFO", "OLD", ARNS.daemon(cluster, "gpu-exporter")]
     assert json.loads(lines[0].split(maxsplit=4)[4]) == {"n": "OLD"}
 
-    offset = json.loads(shoal(server, tmp_path, "actions", "list", "--cluster", cluster,
+    offset = json.loads(shoal_cli(server, tmp_path, "actions", "list", "--cluster", cluster,
                               "--since", iso(old + 1).replace("Z", "+00:00"), "--json").stdout)
     assert offset == since_iso
 
-    bad = shoal(server, tmp_path, "actions", "list", "--cluster", cluster, "--since", "last tuesday", code=2)
+    bad = shoal_cli(server, tmp_path, "actions", "list", "--cluster", cluster, "--since", "last tuesday", code=2)
     assert "invalid --since 'last tuesday'" in bad.stderr
-    missing = shoal(server, tmp_path, "actions", "list", "--cluster", unique("missing"), code=1)
+    missing = shoal_cli(server, tmp_path, "actions", "list", "--cluster", unique("missing"), code=1)
     assert "ClusterNotFoundException" in missing.stderr
 
 

@@ -13,11 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -30,6 +27,7 @@ from shoal.domain.arns import ArnFactory
 from shoal.events import action_log
 from shoal.store.db import Store
 from shoal.store.tables import container_instances, tasks
+from tests.support import shoal_cli
 
 ARNS = ArnFactory()
 ASG_CONFIG = {"autoScalingGroupArn": "arn:aws:autoscaling:local:000000000000:autoScalingGroup:x"}
@@ -37,13 +35,9 @@ AGENT = {"name": "agent", "image": "busybox", "memory": 64, "command": ["sleep",
 HOUR = 3600.0
 
 
-def db_url(server) -> str:
-    return server.db_url or f"sqlite:///{server.data_dir / 'shoal.db'}"
-
-
 @pytest.fixture(scope="module")
 def engine(server):
-    eng = create_engine(db_url(server), connect_args={"timeout": 30} if not server.db_url else {})
+    eng = create_engine(server.database_url, connect_args={"timeout": 30} if not server.db_url else {})
     yield eng
     eng.dispose()
 
@@ -51,7 +45,7 @@ def engine(server):
 @pytest.fixture(scope="module")
 def db(server):
     """A Store on the server's database: action-log entries are recorded in its units of work."""
-    store = Store(db_url(server))
+    store = Store(server.database_url)
     yield store
     store.close()
 
@@ -352,34 +346,23 @@ def test_a_figure_without_data_has_no_sample_and_label_values_are_escaped():
 
 # --- the CLI ------------------------------------------------------------------------------------------
 
-SHOAL = [sys.executable, "-m", "shoal"]
-
-
-def shoal(server, home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess:
-    creds = server.credentials
-    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "HOME": str(home),
-           "AWS_ACCESS_KEY_ID": creds["accessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["secretAccessKey"],
-           "AWS_DEFAULT_REGION": "local", "SHOAL_ENDPOINT": server.endpoint}
-    proc = subprocess.run([*SHOAL, *args], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == code, f"shoal {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def test_cli_prints_one_json_array_or_a_table(server, history, tmp_path, backend):
     if backend != "sqlite":
         pytest.skip("the CLI is a client of the API: one backend is enough")
     cluster = history["cluster"]
-    doc = json.loads(shoal(server, tmp_path, "daemons", "sli", "--cluster", cluster, "--json").stdout)
+    doc = json.loads(shoal_cli(server, tmp_path, "daemons", "sli", "--cluster", cluster, "--json").stdout)
     assert doc == [expected(history, EXPECTED_LOGS), expected(history, EXPECTED_OTHER)]
-    half = json.loads(shoal(server, tmp_path, "daemons", "sli", "--cluster", cluster, "--daemon", history["logs"],
+    half = json.loads(shoal_cli(server, tmp_path, "daemons", "sli", "--cluster", cluster, "--daemon", history["logs"],
                             "--window", "30m", "--json").stdout)
     assert [(d["daemonName"], d["windowSeconds"], d["restarts"]) for d in half] == [("logs", 1800.0, 1)]
 
-    lines = shoal(server, tmp_path, "daemons", "sli", "--cluster", cluster).stdout.splitlines()
+    lines = shoal_cli(server, tmp_path, "daemons", "sli", "--cluster", cluster).stdout.splitlines()
     assert lines[0].split() == ["CLUSTER", "DAEMON", "STARTS", "START", "OK", "RESTARTS/H", "MTTR", "REPLACE",
                                 "MTTR", "RECOVER", "WITHOUT"]
     assert lines[1].split() == [cluster, "logs", "8", "60.0%", "3.00", "50.0s", "560.0s", "1"]
     assert lines[2].split() == [cluster, "other", "2", "50.0%", "1.00", "10.0s", "30.0s", "2"]
 
-    bad = shoal(server, tmp_path, "daemons", "sli", "--window", "soon", code=1)
+    bad = shoal_cli(server, tmp_path, "daemons", "sli", "--window", "soon", code=1)
     assert "InvalidParameterException" in bad.stderr and "'window'" in bad.stderr

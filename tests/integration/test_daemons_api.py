@@ -48,14 +48,10 @@ def error_message(excinfo) -> str:
     return excinfo.value.response["Error"]["Message"]
 
 
-def db_url(server) -> str:
-    return server.db_url or f"sqlite:///{server.data_dir / 'shoal.db'}"
-
-
 @pytest.fixture(scope="module")
 def engine(server):
     """The server's own database, for what only the reconciler will write: daemon tasks."""
-    eng = create_engine(db_url(server), connect_args={"timeout": 30} if not server.db_url else {})
+    eng = create_engine(server.database_url, connect_args={"timeout": 30} if not server.db_url else {})
     yield eng
     eng.dispose()
 
@@ -139,7 +135,7 @@ def stop_task(engine, arn: str) -> None:
 def reconciler(server):
     """What the daemon reconciler will have: a Store on the server's database and the functions
     of shoal.api.ecs.daemons, each call one unit of work."""
-    store = Store(db_url(server))
+    store = Store(server.database_url)
 
     def call(fn, *args, **kwargs):
         return store.submit(lambda conn: fn(Context(conn, ArnFactory()), *args, **kwargs)).result(30)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tests.integration.test_daemon_sli import shoal
 from tests.integration.test_placement import register_host
+from tests.support import shoal_cli
 
 MI = {"infrastructureRoleArn": "arn:shoal:iam::000000000000:role/x",
       "instanceLaunchTemplate": {"ec2InstanceProfileArn": "arn:shoal:iam::000000000000:instance-profile/x",
@@ -80,8 +80,8 @@ def test_one_provider_bad_references_and_the_cli(server, fleet, tmp_path):
     stranger = server.get("/v1/explain/recovery", {"cluster": fleet["cluster"], "capacityProvider": "nope"})
     assert stranger.status_code == 400 and "'capacityProvider'" in stranger.json()["message"]
 
-    out = json.loads(shoal(server, tmp_path, "explain", "recovery", "--cluster", fleet["cluster"], "--json").stdout)
+    out = json.loads(shoal_cli(server, tmp_path, "explain", "recovery", "--cluster", fleet["cluster"], "--json").stdout)
     assert out == explain(server, cluster=fleet["cluster"])
-    table = shoal(server, tmp_path, "explain", "recovery", "--cluster", fleet["cluster"]).stdout
+    table = shoal_cli(server, tmp_path, "explain", "recovery", "--cluster", fleet["cluster"]).stdout
     assert f"{fleet['on']}  (managed; auto repair ENABLED)" in table and "RATE LIMIT   at most 1 of 0" in table
     assert f"{fleet['own']}  (self-managed; auto repair n/a (self-managed))" in table
