@@ -116,7 +116,8 @@ class Rig:
             self.server.wait(20)
         except subprocess.TimeoutExpired:
             self.server.kill()
-        for pid_file in [*self.data.rglob("agent.pid"), *self.data.rglob("shim.pid"), *self.data.rglob("pid")]:
+        # Hosts (agents), their shims and workloads, MPS control daemons: all outlive the server.
+        for pid_file in [*self.data.rglob("*.pid"), *self.data.rglob("pid")]:
             try:
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             except (OSError, ValueError):
