@@ -4,6 +4,10 @@ The control plane owns desired state; the agent owns the truth about local proce
 is the controller pattern: observe (a poll answer), diff (runners against desired tasks), act
 (start a runner, or tell one its task should stop), and every step is idempotent. Reports go out
 as transitions happen, in order, through one queue; the heartbeat is only a safety net.
+
+On a GPU host it also runs one MPS control daemon per GPU and watches GPU health (MPS probes,
+crashes, FAULT, Xids: shoal.agent.mps.supervisor and shoal.agent.accelerated); a change of the
+ACCELERATED_COMPUTE check is reported at once, not at the next heartbeat.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import httpx
 
 from shoal.agent import cgroups
 from shoal.agent import host as hostinfo
+from shoal.agent.accelerated import AWS_XIDS, AcceleratedCompute, XidWatcher
 from shoal.agent.gpu.base import detect as detect_gpus
 from shoal.agent.runtime import shims
 from shoal.agent.runtime.files import write_atomic
@@ -32,6 +37,7 @@ POLL_WAIT = 20.0
 HEARTBEAT = 15.0
 IDENTITY = "agent.json"
 REPORTED = "stopped.reported"  # in a task dir: the control plane has its STOPPED report
+HOST_TERMINATED = "terminated"  # in a simulated host's data dir: written by the local provisioner
 
 
 @dataclass
@@ -48,6 +54,9 @@ class AgentConfig:
     attributes: dict[str, str] = field(default_factory=dict)
     runtime: str = "process"
     fake_gpus: Path | None = None
+    mps_control: str | None = None  # the MPS control binary; default: the fake on simulated GPUs, else on PATH
+    mps_probe_interval: float = 5.0
+    xid_set: frozenset[int] = frozenset(AWS_XIDS)
 
 
 class Deregistered(Exception):
@@ -63,6 +72,9 @@ class Agent:
         self.identity: dict | None = None
         self._outbox: list[dict] = []
         self._outbox_ready: asyncio.Event | None = None
+        self._health_due: asyncio.Event | None = None
+        self.mps = None  # MpsSupervisor on hosts with GPUs and an MPS control binary
+        self.accelerated: AcceleratedCompute | None = None
 
     # -- setup -----------------------------------------------------------------------------
     def _backend(self):
@@ -73,22 +85,71 @@ class Agent:
     def _runtime(self, gpus):
         layout = cgroups.detect(parent_name=f"shoal-{self.host}")
         index = {g.uuid: g.index for g in gpus}
+        mps_env = self.mps.client_env if self.mps is not None else None
         if self.config.runtime == "podman":
             from shoal.agent.runtime.podman import PodmanRuntime
 
-            return PodmanRuntime(gpu_index=index)
+            return PodmanRuntime(gpu_index=index, mps_env=mps_env)
         from shoal.agent.runtime.process import ProcessRuntime
 
-        return ProcessRuntime(layout=layout, cgroup_parent=f"shoal-{self.host}", gpu_index=index)
+        return ProcessRuntime(layout=layout, cgroup_parent=f"shoal-{self.host}", gpu_index=index, mps_env=mps_env)
+
+    def _mps(self, gpus):
+        """The MPS supervisor, where this host has GPUs and an MPS control binary: the one given
+        (--mps-control), `shoal-fake-mps-control` for simulated GPUs, else nvidia-cuda-mps-control
+        on PATH. None otherwise: the host runs whole-GPU work only."""
+        c = self.config
+        if not gpus:
+            return None
+        from shoal.agent.mps import fake_control
+        from shoal.agent.mps.manager import REAL_BINARY, MpsManager
+        from shoal.agent.mps.supervisor import MpsSupervisor
+
+        binary = c.mps_control
+        if binary is not None:
+            found = shutil.which(binary)
+            if found is None:
+                raise SystemExit(f"--mps-control {binary}: no such executable")
+            binary = found
+        elif c.simulate or c.fake_gpus:
+            binary = fake_control.binary_path()
+            if not os.access(binary, os.X_OK):
+                log.warning("MPS: %s is not installed: no MPS on these simulated GPUs", binary)
+                return None
+        else:
+            binary = shutil.which(REAL_BINARY)
+            if binary is None:
+                log.info("MPS: %s is not on PATH: no MPS on this host (whole GPUs only)", REAL_BINARY)
+                return None
+        daemon_env = {}
+        if Path(binary).name.startswith("shoal-fake"):  # simulated machines: see fake_control
+            daemon_env = {"SHOAL_FAKE_MPS_HOST_GONE": str(self.data_dir / HOST_TERMINATED),
+                          "SHOAL_FAKE_MPS_IDLE_EXIT": f"{max(60.0, 12 * c.mps_probe_interval):g}"}
+        manager = MpsManager(self.data_dir, binary, daemon_env=daemon_env)
+        return MpsSupervisor(manager, gpus, interval=c.mps_probe_interval, health=self.accelerated,
+                             tasks_on=self._mps_tasks)
+
+    def _mps_tasks(self, uuid: str) -> list[TaskRunner]:
+        return [r for r in self.runners.values() if not r.done.done() and r.mps_gpu == uuid]
+
+    def _attributes(self, gpus) -> dict[str, str]:
+        """The configured attributes, and the GPU health settings `shoal explain recovery` reads."""
+        attributes = dict(self.config.attributes)
+        if gpus:
+            attributes["shoal.gpu.xid-set"] = ",".join(str(x) for x in sorted(self.config.xid_set))
+        if self.mps is not None:
+            attributes["shoal.mps.probe-interval"] = f"{self.config.mps_probe_interval:g}"
+        return attributes
 
     async def _register(self, client: httpx.AsyncClient, gpus) -> dict:
         c = self.config
         body = hostinfo.registration(
             cluster=c.cluster, capacity_provider=c.capacity_provider, host=self.host,
-            instance_type=c.instance_type, availability_zone=c.availability_zone, simulate=c.simulate, gpus=gpus, attributes=c.attributes,
-            enforced=self.runtime.enforced(), runtime=self.runtime.name, version=_version(),
-            # Simulated GPUs come with a simulated MPS; real ones need the MPS control binary.
-            mps=bool(c.simulate or c.fake_gpus or shutil.which("nvidia-cuda-mps-control")))
+            instance_type=c.instance_type, availability_zone=c.availability_zone, simulate=c.simulate, gpus=gpus,
+            attributes=self._attributes(gpus), enforced=self.runtime.enforced(), runtime=self.runtime.name,
+            version=_version(),
+            # Simulated GPUs come with a simulated MPS (the fake binary); real ones need the real binary.
+            mps=self.mps is not None)
         r = await client.post("/v1/agent/register", json=body,
                               headers={"Authorization": f"Bearer {c.join_token}"})
         if r.status_code != 200:
@@ -106,9 +167,31 @@ class Agent:
         self.host = self.identity["hostId"] if self.identity else hostinfo.host_id(self.data_dir, self.config.host_id)
         backend = self._backend()
         gpus = backend.devices() if backend else []
+        self._outbox_ready = asyncio.Event()
+        self._health_due = asyncio.Event()
+        self.accelerated = AcceleratedCompute(self.data_dir, self.config.xid_set, self._health_changed)
+        self.mps = self._mps(gpus)
         self.runtime = self._runtime(gpus)
         self.launcher = ForkServer(shims.shim_env())
-        self._outbox_ready = asyncio.Event()
+        xids = XidWatcher(backend, self.accelerated.xid) if backend else None
+        try:
+            if self.mps is not None:
+                await self.mps.start()  # one daemon per GPU (or the ones already running), before any task
+            if xids is not None:
+                xids.start()
+            await self._serve(gpus)
+        finally:
+            if self.mps is not None:
+                self.mps.close()  # the daemons keep serving their clients; the next agent adopts them
+            if xids is not None:
+                xids.stop()
+            self.launcher.close()  # running shims do not depend on it
+            if backend:
+                backend.close()
+            if getattr(self.runtime, "layout", None) is not None:  # what adopted tasks use stays
+                cgroups.remove_parent(self.runtime.layout, f"shoal-{self.host}")
+
+    async def _serve(self, gpus) -> None:
         async with httpx.AsyncClient(base_url=self.config.server, timeout=httpx.Timeout(10.0)) as client:
             if self.identity is None:
                 self.identity = await self._register(client, gpus)
@@ -117,18 +200,14 @@ class Agent:
                 log.info("resuming as %s", self.identity["containerInstanceArn"])
             self.client = client
             self.auth = {"Authorization": f"Bearer {self.identity['token']}"}
-            workers = [asyncio.create_task(self._send_reports()), asyncio.create_task(self._heartbeat())]
+            workers = [asyncio.create_task(self._send_reports()), asyncio.create_task(self._send_health()),
+                       asyncio.create_task(self._heartbeat())]
             try:
                 await self._poll_loop()
             finally:
                 for w in workers:
                     w.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
-                self.launcher.close()  # running shims do not depend on it
-                if backend:
-                    backend.close()
-                if getattr(self.runtime, "layout", None) is not None:  # what adopted tasks use stays
-                    cgroups.remove_parent(self.runtime.layout, f"shoal-{self.host}")
 
     async def _poll_loop(self) -> None:
         # since: the wake-up token of the last answer; cursor: its data position, so that the
@@ -168,7 +247,7 @@ class Agent:
             task_dir = self.tasks_dir / spec["taskArn"].rsplit("/", 1)[-1]
             if spec["lastStatus"] == "STOPPED" or (task_dir / REPORTED).exists():
                 continue  # over: stopped before this agent ran it, or it ran and was reported
-            runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue, self.launcher)
+            runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue, self.launcher, mps=self.mps)
             self.runners[spec["taskArn"]] = runner
             runner.task = asyncio.get_running_loop().create_task(runner.run())  # held: the loop keeps weak refs
 
@@ -179,7 +258,13 @@ class Agent:
 
     def _health(self) -> dict:
         ok = {"status": "OK"}
-        return {"CONTAINER_RUNTIME": ok, "ACCELERATED_COMPUTE": ok, "DAEMON": ok, "AGENT_CONNECTIVITY": ok}
+        accelerated = self.accelerated.check() if self.accelerated is not None else ok
+        return {"CONTAINER_RUNTIME": ok, "ACCELERATED_COMPUTE": accelerated, "DAEMON": ok, "AGENT_CONNECTIVITY": ok}
+
+    def _health_changed(self) -> None:
+        """A check changed: report it now, not at the next heartbeat."""
+        log.info("health: ACCELERATED_COMPUTE %s", self.accelerated.check())
+        self._health_due.set()
 
     async def _post_report(self, body: dict) -> dict:
         r = await self.client.post("/v1/agent/report", json=body, headers=self.auth)
@@ -218,13 +303,38 @@ class Agent:
 
     async def _heartbeat(self) -> None:
         while True:
+            self._health_due.set()
+            await asyncio.sleep(HEARTBEAT)
+
+    async def _send_health(self) -> None:
+        """Every health report goes through here, one at a time, each made when it is sent: so a
+        heartbeat never overtakes a change with an older picture."""
+        backoff = 0.2
+        while True:
+            await self._health_due.wait()
+            self._health_due.clear()
+            health = self._health()
             try:
-                await self._post_report({"health": self._health()})
+                try:
+                    await self._post_report({"health": health})
+                except httpx.HTTPStatusError as err:
+                    if err.response.status_code != 400 or not health["ACCELERATED_COMPUTE"].get("gpus"):
+                        raise
+                    # GPUs the control plane does not know (replaced under a kept identity): the
+                    # status still counts; only the per-GPU fencing is lost.
+                    log.error("the control plane refused the impaired GPUs %s (%s); reporting without them",
+                              health["ACCELERATED_COMPUTE"]["gpus"], err.response.text[:300])
+                    health["ACCELERATED_COMPUTE"] = {**health["ACCELERATED_COMPUTE"], "gpus": []}
+                    await self._post_report({"health": health})
             except Deregistered:
                 return
             except httpx.HTTPError as err:
-                log.warning("heartbeat failed: %s", err)
-            await asyncio.sleep(HEARTBEAT)
+                log.warning("health report failed (%s); retrying in %.1fs", err, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                self._health_due.set()
+                continue
+            backoff = 0.2
 
 
 def _version() -> str:

@@ -6,6 +6,10 @@ Each container runs under its own shim (shoal.agent.runtime.shim), in
 directory has a shim is never started again, so a restarted agent adopts what runs and reads
 the exits it missed. Exits are seen through a pidfd on the shim (readable the instant the shim
 exits, right after it wrote exit.json): no polling.
+
+A task with an MPS share passes the agent's MPS gate (its GPU's control daemon answers) before
+any of its containers is created, and on stop its MPS clients are evicted through the control
+interface before its containers are stopped (shoal.agent.mps.supervisor).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Callable
 from shoal.agent import health as hc
 from shoal.agent.runtime import shims
 from shoal.agent.runtime.files import write_atomic
+from shoal.agent.runtime.gpus import mps_share
 
 log = logging.getLogger(__name__)
 TASK_FILE = "task.json"
@@ -64,9 +69,12 @@ class TaskRunner:
     """Drives one task to its desired state. `runtime` builds the container's command line and
     environment (process or podman); `report(snapshot)` sends a snapshot to the control plane."""
 
-    def __init__(self, spec: dict, task_dir: Path, runtime, report: Callable[[dict], None], launcher=None):
+    def __init__(self, spec: dict, task_dir: Path, runtime, report: Callable[[dict], None], launcher=None,
+                 mps=None):
         self.spec, self.dir, self.runtime, self._report = spec, task_dir, runtime, report
         self.launcher = launcher  # the agent's shim fork server (None: start shims as new interpreters)
+        self.mps = mps  # the agent's MpsSupervisor (None: no MPS on this host)
+        self._mps_released = False
         self.arn = spec["taskArn"]
         self.desired = spec["desiredStatus"]
         self.status = "PENDING"
@@ -92,11 +100,49 @@ class TaskRunner:
             self.desired = desired
             self._wake.set()
 
+    def abort(self, stop_code: str, reason: str) -> None:
+        """Stop the task for a reason of the host's (e.g. its GPU's MPS server failed); one whose
+        containers have not started yet fails to start."""
+        if not self.stop_code:
+            started = any(c.handle is not None or c.launching for c in self.containers.values())
+            self.stop_code = stop_code if started else "TaskFailedToStart"
+            self.stopped_reason = reason[:255]
+        self._wake.set()
+
+    @property
+    def mps_gpu(self) -> str | None:
+        """The GPU of the task's MPS share (all MPS containers of a task are on one GPU), if any."""
+        for c in self.containers.values():
+            if mps_share(c.definition) is not None and c.gpu_ids:
+                return c.gpu_ids[0]
+        return None
+
+    def _mps_containers(self) -> list[Container]:
+        return [c for c in self.containers.values() if mps_share(c.definition) is not None]
+
+    async def _mps_gate(self) -> None:
+        """Before any MPS container is created: the GPU's MPS control daemon must answer (ECS
+        §2.3); otherwise the task stops with TaskFailedToStart and no container is made."""
+        pending = [c for c in self._mps_containers() if c.status == "PENDING" and c.handle is None]
+        if not pending or self.desired == "STOPPED" or self.stop_code:
+            return
+        gpu = self.mps_gpu
+        if gpu is None:
+            reason = f"CannotStartContainerError: MPS container {pending[0].name} has no GPU assigned"
+        elif self.mps is None:
+            reason = "MPS control daemon is not available on this instance"
+        else:
+            reason = await self.mps.gate(gpu)
+        if reason:
+            log.warning("task %s: %s", self.arn, reason)
+            self._fail(reason)
+
     # -- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
         try:
             await asyncio.to_thread(self._record_spec)  # an fsync: not on the event loop
             self._adopt()
+            await self._mps_gate()
             while True:
                 if self.desired == "STOPPED" or self.stop_code:
                     if await self._stop_all():
@@ -323,7 +369,13 @@ class TaskRunner:
             self.status = "STOPPING"
             self.times.setdefault("stoppingAt", time.time())
             self.report()
-        for c in self.containers.values():
+        running = [c for c in self.containers.values() if c.status == "RUNNING"]
+        if self.mps is not None and not self._mps_released and any(c in running for c in self._mps_containers()):
+            self._mps_released = True  # evict its MPS clients first: the neighbours keep their server
+            gpu = self.mps_gpu
+            if gpu is not None:
+                await self.mps.release(gpu, self.arn)
+        for c in running:
             if c.status == "RUNNING":
                 await asyncio.to_thread(c.handle.stop)
         return self._all_ended()

@@ -31,8 +31,20 @@ def agent(
                                                            "({model, count, memoryMiB, uuids?}).")] = None,
     attribute: Annotated[Optional[list[str]], typer.Option(help="Custom attribute NAME=VALUE (repeatable).")] = None,
     runtime: Annotated[str, typer.Option(help="process (default; image is not used) or podman.")] = "process",
+    mps_control: Annotated[Optional[str], typer.Option(
+        help="The MPS control binary (path or name on PATH). Default: shoal-fake-mps-control for "
+             "simulated GPUs, else nvidia-cuda-mps-control if it is on PATH (without one: no MPS).",
+        envvar="SHOAL_MPS_CONTROL")] = None,
+    mps_probe_interval: Annotated[float, typer.Option(
+        help="Seconds between probes of each GPU's MPS control daemon (IMPAIRED after 3 failures; "
+             "a crash is seen at once).", envvar="SHOAL_MPS_PROBE_INTERVAL")] = 5.0,
+    xid_set: Annotated[str, typer.Option(
+        help="GPU Xids that make ACCELERATED_COMPUTE IMPAIRED (XID_<n>), comma-separated; others are "
+             "logged only; 'none' for none. Default: the Xids ECS GPU auto repair acts on.",
+        envvar="SHOAL_XID_SET")] = "",
 ) -> None:
     """Run the host agent: register this host, run the tasks placed on it, report their life."""
+    from shoal.agent.accelerated import AWS_XIDS, parse_xid_set
     from shoal.agent.agent import Agent, AgentConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -41,11 +53,19 @@ def agent(
         raise typer.BadParameter("expected process or podman", param_hint="--runtime")
     if simulate and not instance_type:
         raise typer.BadParameter("--simulate needs --instance-type", param_hint="--simulate")
+    if not 0.05 <= mps_probe_interval <= 3600:
+        raise typer.BadParameter("expected seconds between 0.05 and 3600", param_hint="--mps-probe-interval")
+    try:
+        xids = frozenset() if xid_set.strip().lower() == "none" else \
+            parse_xid_set(xid_set) if xid_set.strip() else frozenset(AWS_XIDS)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--xid-set") from None
     attributes = parse_attributes(attribute)
     config = AgentConfig(server=server.rstrip("/"), join_token=join_token, data_dir=data_dir, cluster=cluster,
                          capacity_provider=capacity_provider, host_id=host_id, instance_type=instance_type,
                          availability_zone=availability_zone,
-                         simulate=simulate, attributes=attributes, runtime=runtime, fake_gpus=fake_gpus)
+                         simulate=simulate, attributes=attributes, runtime=runtime, fake_gpus=fake_gpus,
+                         mps_control=mps_control, mps_probe_interval=mps_probe_interval, xid_set=xids)
     try:
         asyncio.run(Agent(config).run())
     except KeyboardInterrupt:

@@ -7,12 +7,14 @@ a thread of its own) and its `eventData` is the Xid number.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pynvml
 
 from shoal.agent.gpu.base import Gpu, XidEvent
 
+log = logging.getLogger(__name__)
 _init_lock = threading.Lock()
 
 
@@ -48,11 +50,16 @@ class NvmlGpus:
     def _event_set(self):
         if self._events is None:
             self._events = pynvml.nvmlEventSetCreate()
-            for handle in self._handles:
-                supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
-                mask = supported & pynvml.nvmlEventTypeXidCriticalError
-                if mask:
-                    pynvml.nvmlDeviceRegisterEvents(handle, mask, self._events)
+            for i, handle in enumerate(self._handles):
+                try:  # one GPU that cannot report Xids (vGPU, some MIG setups) must not blind the others
+                    supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+                    mask = supported & pynvml.nvmlEventTypeXidCriticalError
+                    if mask:
+                        pynvml.nvmlDeviceRegisterEvents(handle, mask, self._events)
+                    else:
+                        log.warning("GPU %d does not report Xid events", i)
+                except pynvml.NVMLError as e:
+                    log.warning("GPU %d: cannot register for Xid events: %s", i, e)
         return self._events
 
     def wait_xid(self, timeout: float) -> XidEvent | None:

@@ -52,6 +52,12 @@ while the daemon runs. Write it with `set_knobs()` or
                   releases it), then ACTIVE again, as a Volta+ server recovers.
 
 hang, refuse and fault are levels: they outlast a restart of the daemon until cleared.
+
+Simulated machines (not in the real binary): the daemon exits, as if its machine had vanished,
+when its pipe dir is removed, when the path in `$SHOAL_FAKE_MPS_HOST_GONE` exists (the agent of a
+simulated host passes its data dir's `terminated`, which the local provisioner writes when it
+terminates the host), or after `$SHOAL_FAKE_MPS_IDLE_EXIT` seconds without a connection
+(the agent probes every few seconds; an agent that is gone for good leaves no daemon behind).
 """
 
 from __future__ import annotations

@@ -124,6 +124,14 @@ class Daemon:
         self.commands_since_crash_knob = 0
         self.stop_requested = False
         self.pid = os.getpid()
+        # Simulated hosts only (see fake_control): the machine is gone once this path exists;
+        # with no front-end connection for this many seconds, nobody looks after this daemon.
+        self.gone_if = os.environ.get("SHOAL_FAKE_MPS_HOST_GONE") or None
+        try:
+            self.idle_exit = float(os.environ.get("SHOAL_FAKE_MPS_IDLE_EXIT") or 0) or None
+        except ValueError:
+            self.idle_exit = None
+        self.last_ui = time.monotonic()
         self._control_log = open(os.path.join(log_dir, "control.log"), "a", buffering=1)
         self._server_log = open(os.path.join(log_dir, "server.log"), "a", buffering=1)
 
@@ -149,6 +157,8 @@ class Daemon:
 
     def run(self) -> None:
         while not self.stop_requested:
+            if self._gone():
+                break
             self._check_knobs()
             for key, _ in self.sel.select(TICK):
                 if key.data is None:
@@ -159,6 +169,21 @@ class Daemon:
                     break
             self._reap()
         self._shutdown()
+
+    def _gone(self) -> bool:
+        """The simulated machine is gone: its pipe dir was removed, its host marks itself gone,
+        or nobody has connected for `idle_exit` seconds (unless it refuses connections on purpose).
+        The daemon exits cleanly."""
+        why = None
+        if not os.path.isdir(self.pipe_dir):
+            why = "pipe directory removed"
+        elif self.gone_if and os.path.exists(self.gone_if):
+            why = f"{self.gone_if} exists: the simulated host is gone"
+        elif self.idle_exit and not self.knobs.get("refuse") and time.monotonic() - self.last_ui > self.idle_exit:
+            why = f"no front-end connection for {self.idle_exit:g} s"
+        if why:
+            self.log(f"[shoal fake] exiting: {why}")
+        return why is not None
 
     def _open_listener(self) -> None:
         try:
@@ -285,6 +310,7 @@ class Daemon:
             except (BlockingIOError, InterruptedError):
                 return
             sock.setblocking(False)
+            self.last_ui = time.monotonic()  # hung or not, someone uses this daemon
             conn = Conn(sock)
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)

@@ -144,10 +144,11 @@ OnChange = Callable[[str, "str | None"], Any]
 class MpsManager:
     def __init__(self, data_dir: Path | str, binary: str | os.PathLike | None = None,
                  compute_mode: ComputeMode | None = None, *, start_timeout: float = 10.0,
-                 command_timeout: float = 5.0):
+                 command_timeout: float = 5.0, daemon_env: dict[str, str] | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.root = self.data_dir / "mps"
         self.binary = str(binary) if binary else REAL_BINARY
+        self.daemon_env = dict(daemon_env or {})  # added to the daemons' environment only
         self.start_timeout = start_timeout
         self.command_timeout = command_timeout
         self._compute_mode = compute_mode
@@ -187,6 +188,7 @@ class MpsManager:
         env["CUDA_MPS_LOG_DIRECTORY"] = str(self.log_dir(gpu))
         if daemon:
             env["CUDA_VISIBLE_DEVICES"] = gpu.uuid
+            env.update(self.daemon_env)
         return env
 
     def client_env(self, gpu: Gpu, memory_mib: int, max_compute_percent: int | None = None) -> dict[str, str]:
@@ -216,6 +218,14 @@ class MpsManager:
     def pid(self, gpu: Gpu) -> int | None:
         d = self._daemons.get(gpu.uuid)
         return d.pid if d is not None and not d.exited.done() else None
+
+    def crashed(self, gpu: Gpu) -> bool:
+        """The daemon this manager watches for `gpu` has exited, and not because it was stopped."""
+        d = self._daemons.get(gpu.uuid)
+        return d is not None and d.crashed
+
+    def restarting(self, gpu: Gpu) -> bool:
+        return gpu.uuid in self._restarting
 
     def _install(self, gpu: Gpu, pid: int, adopted: bool) -> DaemonInfo:
         info = DaemonInfo(gpu.uuid, pid, self.pipe_dir(gpu), self.log_dir(gpu), adopted)
@@ -410,7 +420,7 @@ class MpsManager:
         try:
             rc, out, err = await self._run(gpu, PROBE_COMMAND + "\n", timeout)
         except asyncio.TimeoutError:
-            return failed(f"no answer to {PROBE_COMMAND} within {timeout:g} s")
+            return failed(f"no answer to {PROBE_COMMAND} within {timeout:.2g} s")
         except MpsError as e:
             return failed(str(e))
         if rc != 0:
@@ -447,19 +457,19 @@ class MpsManager:
         return ProbeResult(False, f"{NOT_RESPONDING}: {result.error} "
                                   f"({tries} attempt{'s' if tries != 1 else ''} in {elapsed:.1f} s)", elapsed)
 
-    async def server_state(self, gpu: Gpu) -> ServerState:
+    async def server_state(self, gpu: Gpu, timeout: float | None = None) -> ServerState:
         servers: dict[int, str] = {}
-        for pid in _pids(await self.command(gpu, "get_server_list")):
-            words = (await self.command(gpu, f"get_server_status {pid}")).split()
+        for pid in _pids(await self.command(gpu, "get_server_list", timeout)):
+            words = (await self.command(gpu, f"get_server_status {pid}", timeout)).split()
             status = words[0].upper() if len(words) == 1 else None
             if status is not None:  # anything longer is "not found": it has just exited
                 servers[pid] = status
         return ServerState(servers)
 
-    async def clients(self, gpu: Gpu) -> dict[int, list[int]]:
+    async def clients(self, gpu: Gpu, timeout: float | None = None) -> dict[int, list[int]]:
         """Server pid → the pids of its clients."""
-        return {server: _pids(await self.command(gpu, f"get_client_list {server}"))
-                for server in _pids(await self.command(gpu, "get_server_list"))}
+        return {server: _pids(await self.command(gpu, f"get_client_list {server}", timeout))
+                for server in _pids(await self.command(gpu, "get_server_list", timeout))}
 
     async def terminate_client(self, gpu: Gpu, client_pid: int) -> bool:
         """Evict one client through the control interface, leaving its neighbours alone. False if
@@ -473,10 +483,27 @@ class MpsManager:
                 return True
         return False
 
+    async def terminate_clients(self, gpu: Gpu, which, timeout: float | None = None) -> list[int]:
+        """Evict the clients of this GPU's servers that `which` names (a collection of pids, or a
+        predicate on a pid), from one listing; the pids evicted. Neighbours are left alone.
+        MpsError if the daemon does not answer."""
+        wanted = which if callable(which) else set(which).__contains__
+        done = []
+        for server, clients in (await self.clients(gpu, timeout)).items():
+            for pid in clients:
+                if wanted(pid):
+                    reply = (await self.command(gpu, f"terminate_client {server} {pid}", timeout)).strip()
+                    if reply in ("", "0"):
+                        done.append(pid)
+                    else:
+                        log.warning("MPS: terminate_client %d %d on %s: %s", server, pid, gpu.uuid, reply)
+        return done
+
     # --- continuous watch ---------------------------------------------------------------------
     def watch(self, gpu: Gpu, interval: float, on_change: OnChange, *, failures: int = 3,
               timeout: float = 3.0) -> asyncio.Task:
-        """Probe every `interval` s; call `on_change("IMPAIRED", probe error)` after `failures`
+        """Start a probe every `interval` s (start to start, so a hung daemon is IMPAIRED within
+        `failures` intervals plus one `timeout`); call `on_change("IMPAIRED", probe error)` after `failures`
         consecutive failures and `on_change("OK", None)` after one success. A daemon exit is
         reported at once ("MPS control daemon process <pid> exited"). The status starts OK and
         only changes are reported; `on_change` may be a coroutine function. Cancel the task
@@ -506,10 +533,11 @@ class MpsManager:
             except Exception:
                 log.exception("MPS: watch callback failed for %s", gpu.uuid)
 
+        next_at = time.monotonic() + interval  # probes start every `interval` s, however long one takes
         while True:
             d = self._daemons.get(gpu.uuid)
             if not probe_now:
-                waiters = [asyncio.ensure_future(asyncio.sleep(interval)),
+                waiters = [asyncio.ensure_future(asyncio.sleep(max(0.0, next_at - time.monotonic()))),
                            asyncio.ensure_future(self._swap(gpu.uuid).wait())]
                 # an exit not yet reported; never one on purpose (stopping), which would spin
                 watch_exit = d is not None and d is not reported_exit and not d.exited.cancelled() \
@@ -530,6 +558,7 @@ class MpsManager:
                         await report(IMPAIRED, f"MPS control daemon process {d.pid} exited")
                     continue
             probe_now = False
+            next_at = time.monotonic() + interval
             if gpu.uuid in self._restarting:
                 continue  # the restart's new daemon wakes this loop through the swap event
             result = await self.probe(gpu, timeout)

@@ -46,6 +46,9 @@ What `run_argv` puts on the command line, and why:
   is also passed as `--device nvidia.com/gpu=ID`. Without CDI, the variables alone select GPUs
   only where the NVIDIA container toolkit's OCI hook is installed. (Not tested: the development
   machines have no GPU, and the toolkit is not packaged in Debian.)
+- An MPS client (its environment has `CUDA_MPS_PIPE_DIRECTORY`): `--volume P:P` of that pipe dir,
+  so the container reaches its GPU's control daemon, and `--ipc=host` for MPS's shared memory.
+  (Not tested on a GPU either.)
 
 Host adaptations, found on Debian 12 machines that run as root without CAP_SYS_RESOURCE and with a
 hybrid cgroup v1/v2 layout (see docs in /work/shared/reference/python-stack.md §7.4):
@@ -335,6 +338,9 @@ def podman_run_argv(*, name: str, image: str, entry_point: list[str] | None,
         argv.append(f"--cpu-shares={max(2, int(cpu_units))}")
     if workdir:
         argv.append(f"--workdir={workdir}")
+    pipe = full_env.get("CUDA_MPS_PIPE_DIRECTORY")
+    if pipe:  # an MPS client: its GPU's control pipe dir, and the host's IPC for MPS shared memory
+        argv += [f"--volume={pipe}:{pipe}", "--ipc=host"]
     if gpu_env or gpu_devices:
         argv += _gpu_flags(gpu_env or {}, gpu_devices)
     if entry_point:
@@ -395,9 +401,9 @@ class PodmanRuntime:
     KILL_MARGIN = 0.5
     DEFAULT_STOP_TIMEOUT = 30.0
 
-    def __init__(self, *, gpu_index: dict[str, int], mps_pipe_dir: str | None = None,
+    def __init__(self, *, gpu_index: dict[str, int], mps_env=None,
                  kill_margin: float = KILL_MARGIN):
-        self.gpu_index, self.mps_pipe_dir, self.kill_margin = gpu_index, mps_pipe_dir, kill_margin
+        self.gpu_index, self.mps_env, self.kill_margin = gpu_index, mps_env, kill_margin
 
     def enforced(self) -> dict[str, bool]:
         """Which limits this host really enforces: podman sets memory and cpu in the container's
@@ -418,21 +424,14 @@ class PodmanRuntime:
         return env
 
     def gpu_env(self, c) -> dict[str, str]:
-        """The container's GPUs by UUID (NVIDIA_VISIBLE_DEVICES, read by the NVIDIA hook). No
+        """The container's GPUs by UUID (NVIDIA_VISIBLE_DEVICES, read by the NVIDIA hook), or for
+        an MPS share the MPS client environment (shoal.agent.runtime.gpus). No
         CUDA_VISIBLE_DEVICES: the container sees only its own GPUs, numbered from 0, so the host's
-        indices would be wrong there."""
-        if not c.gpu_ids:
-            return {}
-        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(c.gpu_ids)}
-        for req in c.definition.get("resourceRequirements", []):
-            mps = (req.get("sharingStrategy") or {}).get("nvidiaMps")
-            if req["type"] == "GPU" and mps:
-                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps['memory']}M"
-                if mps.get("maxComputePercent") is not None:
-                    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps["maxComputePercent"])
-                if self.mps_pipe_dir:
-                    env["CUDA_MPS_PIPE_DIRECTORY"] = self.mps_pipe_dir  # not mounted in: see report
-        return env
+        indices would be wrong there. (Imported here: this module also runs as a bare script, the
+        supervisor, which must not need the package.)"""
+        from shoal.agent.runtime import gpus
+
+        return gpus.gpu_env(c, None, self.mps_env)
 
     def gpu_devices(self, c) -> list[str] | None:
         """CDI device names (host indices) of the container's GPUs."""

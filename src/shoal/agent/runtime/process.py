@@ -8,6 +8,8 @@ import logging
 import os
 
 from shoal.agent import cgroups as cg
+from shoal.agent.runtime import gpus
+from shoal.agent.runtime.gpus import MpsEnv
 
 log = logging.getLogger(__name__)
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
@@ -17,9 +19,9 @@ class ProcessRuntime:
     name = "process"
 
     def __init__(self, *, layout: cg.Layout | None, cgroup_parent: str, gpu_index: dict[str, int],
-                 mps_pipe_dir: str | None = None):
+                 mps_env: MpsEnv | None = None):
         self.layout, self.cgroup_parent = layout, cgroup_parent
-        self.gpu_index, self.mps_pipe_dir = gpu_index, mps_pipe_dir
+        self.gpu_index, self.mps_env = gpu_index, mps_env
 
     def enforced(self) -> dict[str, bool]:
         """Which limits this host really enforces (registered as host attributes)."""
@@ -34,21 +36,9 @@ class ProcessRuntime:
         return env
 
     def gpu_env(self, c) -> dict[str, str]:
-        """What a GPU container sees: its GPUs by UUID and index; an MPS share adds its memory
-        cap (and compute limit) for the MPS client (see ../shared/reference, ECS §2.2)."""
-        if not c.gpu_ids:
-            return {}
-        env = {"NVIDIA_VISIBLE_DEVICES": ",".join(c.gpu_ids),
-               "CUDA_VISIBLE_DEVICES": ",".join(str(self.gpu_index.get(u, u)) for u in c.gpu_ids)}
-        for req in c.definition.get("resourceRequirements", []):
-            mps = (req.get("sharingStrategy") or {}).get("nvidiaMps")
-            if req["type"] == "GPU" and mps:
-                env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={mps['memory']}M"  # device 0 of what it sees
-                if mps.get("maxComputePercent") is not None:
-                    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps["maxComputePercent"])
-                if self.mps_pipe_dir:
-                    env["CUDA_MPS_PIPE_DIRECTORY"] = self.mps_pipe_dir
-        return env
+        """What a GPU container sees: its GPUs by UUID and host index, or for an MPS share the MPS
+        client environment (shoal.agent.runtime.gpus)."""
+        return gpus.gpu_env(c, self.gpu_index, self.mps_env)
 
     def argv(self, c) -> list[str]:
         argv = [*(c.definition.get("entryPoint") or []), *(c.definition.get("command") or [])]
