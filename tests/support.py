@@ -146,9 +146,9 @@ def database_url_for(backend: str) -> str | None:
 
 
 def kill_workloads(root: Path) -> None:
-    """Kill every shim and workload started under `root` (agents' data dirs): test cleanup, since
-    task processes outlive their agents by design."""
-    for pid_file in [*root.rglob("shim.pid"), *root.rglob("pid")]:
+    """Kill every shim, workload and MPS control daemon started under `root` (agents' data dirs):
+    test cleanup, since they outlive their agents by design."""
+    for pid_file in [*root.rglob("shim.pid"), *root.rglob("pid"), *root.rglob("nvidia-cuda-mps-control.pid")]:
         try:
             pid = int(pid_file.read_text())
         except (OSError, ValueError):
