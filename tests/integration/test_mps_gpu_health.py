@@ -34,6 +34,12 @@ def test_a_gpu_whose_mps_daemon_is_down_takes_no_new_mps_shares(server, ecs, uni
     assert "_impairedGpus" not in host
     details = {d["type"]: d for d in host["healthStatus"]["details"]}
     assert details["ACCELERATED_COMPUTE"]["statusReason"] == "MPS control daemon is not responding"
+    # Reported: a Health Change event and an action-log entry naming the GPU.
+    entries = server.get("/v1/action-logs", {"cluster": cluster}).json()["entries"]
+    [entry] = [e for e in entries if e["eventName"] == "ACCELERATED_COMPUTE_IMPAIRED"]
+    assert entry["detail"]["gpus"] == [first] and entry["actionSourceId"] == arn
+    assert any(e["detail-type"] == "ECS Container Instance Health Change" and e["resources"] == [arn]
+               and e["detail"]["overallStatus"] == "IMPAIRED" for e in server.events())
 
 
 def test_when_every_gpu_is_impaired_mps_work_waits_and_is_placed_once_one_recovers(server, ecs, unique):

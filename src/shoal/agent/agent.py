@@ -73,6 +73,7 @@ class Agent:
         self._outbox: list[dict] = []
         self._outbox_ready: asyncio.Event | None = None
         self._health_due: asyncio.Event | None = None
+        self._health_changes: list[dict] = []  # changes not yet reported, oldest first
         self.mps = None  # MpsSupervisor on hosts with GPUs and an MPS control binary
         self.accelerated: AcceleratedCompute | None = None
 
@@ -262,8 +263,11 @@ class Agent:
         return {"CONTAINER_RUNTIME": ok, "ACCELERATED_COMPUTE": accelerated, "DAEMON": ok, "AGENT_CONNECTIVITY": ok}
 
     def _health_changed(self) -> None:
-        """A check changed: report it now, not at the next heartbeat."""
-        log.info("health: ACCELERATED_COMPUTE %s", self.accelerated.check())
+        """A check changed: report it now, not at the next heartbeat, and this very picture: a
+        crash that is repaired before the report goes out must still be reported."""
+        health = self._health()
+        log.info("health: ACCELERATED_COMPUTE %s", health["ACCELERATED_COMPUTE"])
+        self._health_changes.append(health)
         self._health_due.set()
 
     async def _post_report(self, body: dict) -> dict:
@@ -307,13 +311,14 @@ class Agent:
             await asyncio.sleep(HEARTBEAT)
 
     async def _send_health(self) -> None:
-        """Every health report goes through here, one at a time, each made when it is sent: so a
-        heartbeat never overtakes a change with an older picture."""
+        """Every health report goes through here, one at a time: each change as it was, in order,
+        then (heartbeats) the picture of the moment, so that a heartbeat never overtakes a change
+        with an older picture and no transition is lost."""
         backoff = 0.2
         while True:
             await self._health_due.wait()
             self._health_due.clear()
-            health = self._health()
+            health = self._health_changes[0] if self._health_changes else self._health()
             try:
                 try:
                     await self._post_report({"health": health})
@@ -335,6 +340,10 @@ class Agent:
                 self._health_due.set()
                 continue
             backoff = 0.2
+            if self._health_changes:
+                self._health_changes.pop(0)
+                if self._health_changes:
+                    self._health_due.set()
 
 
 def _version() -> str:

@@ -15,6 +15,7 @@ from shoal.api.ecs.container_instances import HEALTH_CHECKS, emit_health_change,
 from shoal.api.operations import Context, dumps
 from shoal.domain import arns, health
 from shoal.domain.errors import AuthError, InvalidParameter
+from shoal.events import action_log
 from shoal.events.changes import emit_task_change
 from shoal.events.envelope import iso
 from shoal.scheduler.placement import host_changed, release, task_definition
@@ -347,18 +348,20 @@ def apply_health(ctx: Context, host, checks: dict) -> None:
     doc = jsonio.loads(host.doc)
     hs = doc.get("healthStatus") or initial_health(ctx.now)
     before, gpus_before = jsonio.dumps(hs), doc.get("_impairedGpus")
-    changed = False  # a transition: announced
+    moved: list[str] = []  # the checks that changed status: announced
     for kind, check in checks.items():
         if kind not in HEALTH_CHECKS or not isinstance(check, dict) or check.get("status") not in CHECK_STATUSES:
             raise InvalidParameter(f"Invalid parameter 'health.{kind}': expected one of {HEALTH_CHECKS} with a "
                                    f"status in {CHECK_STATUSES}.")
-        if kind != "DAEMON":
-            changed |= health.set_check(hs, kind, check["status"], str(check.get("reason") or "") or None, ctx.now)
+        if kind != "DAEMON" and health.set_check(hs, kind, check["status"], str(check.get("reason") or "") or None,
+                                                 ctx.now):
+            moved.append(kind)
         if kind == "ACCELERATED_COMPUTE":
             _impaired_gpus(doc, check)
     runtime_ok = health.check(hs, "CONTAINER_RUNTIME")["status"] == "OK"
     daemons = _has_daemons(ctx, host.capacity_provider_name) if host.status == "REGISTERING" or \
         health.check(hs, "DAEMON")["status"] == "INITIALIZING" else True
+    changed = bool(moved)
     if not daemons and runtime_ok:
         changed |= health.set_check(hs, "DAEMON", "OK", None, ctx.now)
     doc["healthStatus"] = hs
@@ -373,6 +376,13 @@ def apply_health(ctx: Context, host, checks: dict) -> None:
     cluster = _cluster_of(ctx, host) if changed or activate else None
     if changed and host.status != "REGISTERING":
         emit_health_change(ctx, cluster, doc)
+        for kind in moved:  # the action log says it too: who reported what
+            check = health.check(hs, kind)
+            action_log.record(ctx, cluster=cluster.name, level="WARN" if check["status"] == "IMPAIRED" else "INFO",
+                              resource_arn=cluster.arn, source_id=host.arn, event_name=f"{kind}_{check['status']}",
+                              detail={"containerInstanceArn": host.arn, "statusReason": check.get("statusReason"),
+                                      **({"gpus": doc["_impairedGpus"]} if kind == "ACCELERATED_COMPUTE"
+                                         and doc.get("_impairedGpus") else {})})
     if activate:
         emit_instance_change(ctx, cluster, doc)
         host_changed(ctx, host.cluster_name, host.arn)
