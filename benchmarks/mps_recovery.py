@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from repair import CLUSTER, Rig, active_hosts, epoch, say, tasks_on, wait_for  # noqa: E402
+from repair import CLUSTER, Rig, active_hosts, epoch, managed_cluster, say, tasks_on, wait_for  # noqa: E402
 
 INSTANCE_TYPE = "g6e.xlarge"  # one L40S (45 GiB): every MPS task of a host shares its one GPU
 TASKS = 6
@@ -43,18 +43,7 @@ TASKS = 6
 
 def setup(rig: Rig, hosts: int) -> None:
     ecs = rig.ecs
-    ecs.create_cluster(clusterName=CLUSTER)
-    ecs.create_capacity_provider(
-        name="gpu", cluster=CLUSTER, tags=[{"key": "shoal:min-hosts", "value": str(hosts)}],
-        managedInstancesProvider={
-            "infrastructureRoleArn": "arn:shoal:iam::000000000000:role/x",
-            "instanceLaunchTemplate": {
-                "ec2InstanceProfileArn": "arn:shoal:iam::000000000000:instance-profile/x",
-                "networkConfiguration": {"subnets": []},
-                "instanceRequirements": {"vCpuCount": {"min": 1}, "memoryMiB": {"min": 1},
-                                         "allowedInstanceTypes": [INSTANCE_TYPE]}}})
-    ecs.put_cluster_capacity_providers(cluster=CLUSTER, capacityProviders=["gpu"],
-                                       defaultCapacityProviderStrategy=[{"capacityProvider": "gpu", "weight": 1}])
+    managed_cluster(ecs, "gpu", hosts, INSTANCE_TYPE)
     ecs.register_task_definition(family="infer", containerDefinitions=[{
         "name": "infer", "image": "busybox", "memory": 64, "command": ["sleep", "86400"],
         "resourceRequirements": [{"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 4096}}}]}])

@@ -124,23 +124,28 @@ class Rig:
                 pass
 
 
-def setup(rig: Rig, hosts: int) -> None:
-    ecs = rig.ecs
+def managed_cluster(ecs, provider: str, hosts: int, instance_type: str) -> None:
+    """The cluster, with one managed provider of `hosts` hosts (the local provisioner) as its default."""
     ecs.create_cluster(clusterName=CLUSTER)
-    td = ecs.register_daemon_task_definition(family="agentd", containerDefinitions=[
-        {"name": "agentd", "image": "busybox", "memory": 32, "command": ["sleep", "86400"]}])["daemonTaskDefinitionArn"]
     ecs.create_capacity_provider(
-        name="mi", cluster=CLUSTER, tags=[{"key": "shoal:min-hosts", "value": str(hosts)}],
+        name=provider, cluster=CLUSTER, tags=[{"key": "shoal:min-hosts", "value": str(hosts)}],
         managedInstancesProvider={
             "infrastructureRoleArn": "arn:shoal:iam::000000000000:role/x",
             "instanceLaunchTemplate": {
                 "ec2InstanceProfileArn": "arn:shoal:iam::000000000000:instance-profile/x",
                 "networkConfiguration": {"subnets": []},
                 "instanceRequirements": {"vCpuCount": {"min": 1}, "memoryMiB": {"min": 1},
-                                         "allowedInstanceTypes": [INSTANCE_TYPE]}}})
+                                         "allowedInstanceTypes": [instance_type]}}})
+    ecs.put_cluster_capacity_providers(cluster=CLUSTER, capacityProviders=[provider],
+                                       defaultCapacityProviderStrategy=[{"capacityProvider": provider, "weight": 1}])
+
+
+def setup(rig: Rig, hosts: int) -> None:
+    ecs = rig.ecs
+    td = ecs.register_daemon_task_definition(family="agentd", containerDefinitions=[
+        {"name": "agentd", "image": "busybox", "memory": 32, "command": ["sleep", "86400"]}])["daemonTaskDefinitionArn"]
+    managed_cluster(ecs, "mi", hosts, INSTANCE_TYPE)  # its hosts take seconds to start: the daemon is there first
     ecs.create_daemon(clusterArn=CLUSTER, daemonName="agentd", daemonTaskDefinitionArn=td, capacityProviderArns=["mi"])
-    ecs.put_cluster_capacity_providers(cluster=CLUSTER, capacityProviders=["mi"],
-                                       defaultCapacityProviderStrategy=[{"capacityProvider": "mi", "weight": 1}])
     ecs.register_task_definition(family="web", containerDefinitions=[
         {"name": "web", "image": "busybox", "memory": 32, "command": ["sleep", "86400"]}])
     wait_for(lambda: len(active_hosts(rig)) == hosts, 120, f"{hosts} ACTIVE hosts")
