@@ -9,7 +9,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from sqlalchemy import create_engine
 
+from shoal.store.db import Store
 from tests.support import POSTGRES_URL, ServerProcess, database_url_for
 
 BACKENDS = [
@@ -41,3 +43,20 @@ def ecs(server):
 @pytest.fixture
 def unique():
     return lambda prefix="c": f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def db(server):
+    """A Store on the server's own database: units of work for what only a reconciler writes
+    (action-log entries, alarms), run the way the server runs them."""
+    store = Store(server.database_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def engine(server):
+    """The server's own database, for rows only a reconciler or an agent would write."""
+    eng = create_engine(server.database_url, connect_args={"timeout": 30} if not server.db_url else {})
+    yield eng
+    eng.dispose()

@@ -40,18 +40,6 @@ ARNS = ArnFactory()
 KEYS = {"timestamp", "logLevel", "resourceArn", "actionSourceId", "eventName", "detail"}
 
 
-def server_store(server) -> Store:
-    """A Store on the database the test server uses."""
-    return Store(server.db_url or f"sqlite:///{server.data_dir / 'shoal.db'}")
-
-
-@pytest.fixture(scope="module")
-def db(server):
-    store = server_store(server)
-    yield store
-    store.close()
-
-
 def entry(cluster: str, name: str, *, level: str = "INFO", daemon: str | None = None, detail: dict | None = None):
     """What one `record` call takes (the daemon's ARN as the source, as the reconciler will)."""
     return dict(cluster=cluster, level=level, resource_arn=ARNS.cluster(cluster),

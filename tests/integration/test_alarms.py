@@ -22,15 +22,6 @@ from shoal.api.operations import Context
 from shoal.control import alarms
 from shoal.domain.arns import ArnFactory
 from shoal.domain.errors import InvalidParameter
-from shoal.store.db import Store
-
-
-@pytest.fixture(scope="module")
-def db(server):
-    """A Store on the database the test server uses."""
-    store = Store(server.db_url or f"sqlite:///{server.data_dir / 'shoal.db'}")
-    yield store
-    store.close()
 
 
 def put(server, name: str, body, *, raw: bytes | None = None) -> httpx.Response:

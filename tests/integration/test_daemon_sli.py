@@ -18,7 +18,7 @@ import uuid
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, insert, update
+from sqlalchemy import insert, update
 
 from shoal.api.metrics import Exposition
 from shoal.api.operations import Context
@@ -33,21 +33,6 @@ ARNS = ArnFactory()
 ASG_CONFIG = {"autoScalingGroupArn": "arn:aws:autoscaling:local:000000000000:autoScalingGroup:x"}
 AGENT = {"name": "agent", "image": "busybox", "memory": 64, "command": ["sleep", "3600"]}
 HOUR = 3600.0
-
-
-@pytest.fixture(scope="module")
-def engine(server):
-    eng = create_engine(server.database_url, connect_args={"timeout": 30} if not server.db_url else {})
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture(scope="module")
-def db(server):
-    """A Store on the server's database: action-log entries are recorded in its units of work."""
-    store = Store(server.database_url)
-    yield store
-    store.close()
 
 
 def add_host(ecs, engine, cluster: str, provider: str) -> str:

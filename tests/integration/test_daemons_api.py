@@ -49,14 +49,6 @@ def error_message(excinfo) -> str:
 
 
 @pytest.fixture(scope="module")
-def engine(server):
-    """The server's own database, for what only the reconciler will write: daemon tasks."""
-    eng = create_engine(server.database_url, connect_args={"timeout": 30} if not server.db_url else {})
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture(scope="module")
 def raw(server):
     """A client that skips botocore's own validation, so that the server's is what answers."""
     return server.client("ecs", validate=False)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -23,8 +22,9 @@ from tests.support import ServerProcess, kill_workloads, wait_for
 INSTANCE_TYPE = "g6e.xlarge"
 
 
-@pytest.fixture
-def server(tmp_path):
+def serve(tmp_path):
+    """A server whose local provisioner launches real hosts; every host, task and MPS daemon
+    they leave is killed afterwards."""
     srv = ServerProcess(tmp_path / "server", extra_args=(
         "--daemon-start-timeout", "6", "--service-healthy-after", "1", "--scale-in-after", "600")).start()
     yield srv
@@ -37,13 +37,16 @@ def server(tmp_path):
             pass
 
 
-def managed_fleet(server, hosts: int, command: list[str], *, critical: bool = True, repair: str = "ENABLED"):
-    """A cluster "fleet" with a managed provider "mi" of `hosts` hosts and a daemon running
-    `command` on them. Returns the ECS client."""
+@pytest.fixture
+def server(tmp_path):
+    yield from serve(tmp_path)
+
+
+def managed_provider(server, hosts: int, *, repair: str = "ENABLED"):
+    """A cluster "fleet" whose default is a managed provider "mi" of `hosts` hosts (launched
+    by the local provisioner). Returns the ECS client."""
     ecs = server.client()
     ecs.create_cluster(clusterName="fleet")
-    td = ecs.register_daemon_task_definition(family="agentd", containerDefinitions=[
-        {"name": "agentd", "image": "busybox", "memory": 32, "command": command}])["daemonTaskDefinitionArn"]
     ecs.create_capacity_provider(
         name="mi", cluster="fleet", tags=[{"key": "shoal:min-hosts", "value": str(hosts)}],
         managedInstancesProvider={
@@ -54,10 +57,19 @@ def managed_fleet(server, hosts: int, command: list[str], *, critical: bool = Tr
                 "instanceRequirements": {"vCpuCount": {"min": 1}, "memoryMiB": {"min": 1},
                                          "allowedInstanceTypes": [INSTANCE_TYPE]}},
             "autoRepairConfiguration": {"actionsStatus": repair}})
-    ecs.create_daemon(clusterArn="fleet", daemonName="agentd", daemonTaskDefinitionArn=td, critical=critical,
-                      capacityProviderArns=["mi"])
     ecs.put_cluster_capacity_providers(cluster="fleet", capacityProviders=["mi"],
                                        defaultCapacityProviderStrategy=[{"capacityProvider": "mi", "weight": 1}])
+    return ecs
+
+
+def managed_fleet(server, hosts: int, command: list[str], *, critical: bool = True, repair: str = "ENABLED"):
+    """managed_provider, and a daemon running `command` on its hosts (created while they are
+    still starting). Returns the ECS client."""
+    ecs = managed_provider(server, hosts, repair=repair)
+    td = ecs.register_daemon_task_definition(family="agentd", containerDefinitions=[
+        {"name": "agentd", "image": "busybox", "memory": 32, "command": command}])["daemonTaskDefinitionArn"]
+    ecs.create_daemon(clusterArn="fleet", daemonName="agentd", daemonTaskDefinitionArn=td, critical=critical,
+                      capacityProviderArns=["mi"])
     return ecs
 
 
@@ -185,7 +197,9 @@ def test_with_auto_repair_disabled_a_host_whose_critical_daemon_died_is_reported
         return ci if ci["healthStatus"]["overallStatus"] == "IMPAIRED" else None
 
     wait_for(impaired, timeout=10, message="the host to be reported IMPAIRED")
-    time.sleep(3)  # the repair controller has had several passes
+    # The daemon is restarted in place and the host returns to service by itself: all the while
+    # the repair controller had its passes, and did nothing.
+    wait_for(lambda: impaired() is None, timeout=30, interval=0.2, message="the host back to OK in place")
     assert [h["containerInstanceArn"] for h in hosts(ecs)] == [victim["containerInstanceArn"]]
     assert "DRAINING" not in [c["status"] for c in instance_changes(server)]
     assert "HOST_REPAIR_STARTED" not in [a["eventName"] for a in actions(server)]

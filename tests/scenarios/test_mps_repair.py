@@ -9,14 +9,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 import time
 
 import pytest
 
 from shoal.agent.mps.fake_control import binary_path
-from tests.scenarios.test_daemon_repair import actions, hosts, instance_changes, max_draining
-from tests.support import ServerProcess, kill_workloads, wait_for
+from tests.scenarios.test_daemon_repair import actions, hosts, instance_changes, managed_provider, max_draining, serve
+from tests.support import wait_for
 
 PROBE = 1.0
 pytestmark = pytest.mark.skipif(not os.access(binary_path(), os.X_OK), reason="shoal-fake-mps-control not installed")
@@ -25,16 +24,7 @@ pytestmark = pytest.mark.skipif(not os.access(binary_path(), os.X_OK), reason="s
 @pytest.fixture
 def server(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_MPS_PROBE_INTERVAL", str(PROBE))  # the hosts' agents inherit it
-    srv = ServerProcess(tmp_path / "server", extra_args=("--service-healthy-after", "1",
-                                                         "--scale-in-after", "600")).start()
-    yield srv
-    srv.stop()
-    kill_workloads(tmp_path)
-    for pid_file in tmp_path.rglob("agent.pid"):
-        try:
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
+    yield from serve(tmp_path)
 
 
 def when(detail: dict) -> float:
@@ -42,19 +32,7 @@ def when(detail: dict) -> float:
 
 
 def test_mps_hangs_on_two_of_five_managed_hosts_are_repaired_one_at_a_time(server):
-    ecs = server.client()
-    ecs.create_cluster(clusterName="fleet")
-    ecs.create_capacity_provider(
-        name="mi", cluster="fleet", tags=[{"key": "shoal:min-hosts", "value": "5"}],
-        managedInstancesProvider={
-            "infrastructureRoleArn": "arn:shoal:iam::000000000000:role/x",
-            "instanceLaunchTemplate": {
-                "ec2InstanceProfileArn": "arn:shoal:iam::000000000000:instance-profile/x",
-                "networkConfiguration": {"subnets": []},
-                "instanceRequirements": {"vCpuCount": {"min": 1}, "memoryMiB": {"min": 1},
-                                         "allowedInstanceTypes": ["g6e.xlarge"]}}})
-    ecs.put_cluster_capacity_providers(cluster="fleet", capacityProviders=["mi"],
-                                       defaultCapacityProviderStrategy=[{"capacityProvider": "mi", "weight": 1}])
+    ecs = managed_provider(server, 5)
     wait_for(lambda: len(hosts(ecs, "ACTIVE")) == 5, timeout=90, interval=0.5, message="5 ACTIVE hosts")
     ecs.register_task_definition(family="infer", containerDefinitions=[{
         "name": "infer", "image": "busybox", "memory": 64, "command": ["sleep", "600"],
