@@ -33,6 +33,13 @@ from shoal.store.db import Store
 
 MAX_WAIT = 60.0
 MAX_BODY = 4 * 1024 * 1024
+# How long a poll's finding that its host is in service (credential valid, not INACTIVE, agent
+# marked connected) spares the next poll of that host from reading it again before it waits.
+# Each answer reads the host anyway (its status and connection), so what a shortcut can miss is
+# only a change no commit of this server announced (another server's), and only until that
+# answer; shorter than any agent timeout, so this server's own sweep cannot have marked the
+# host disconnected meanwhile.
+TRUST_S = 10.0
 
 
 def _json(status: int, body: bytes) -> Response:
@@ -43,6 +50,10 @@ class AgentProtocol:
     def __init__(self, store: Store, arns, join_token: str, hub):
         self.store, self.arns, self.join_token, self.hub = store, arns, join_token, hub
         self.last_seen = hub.last_seen  # host ARN -> monotonic time of its agent's latest request
+        # Token hash -> (host ARN, monotonic time a poll's answer found the host in service). The
+        # mapping never changes (a credential belongs to one host for good); see TRUST_S.
+        self._in_service: dict[str, tuple[str, float]] = {}
+        self.trust_s = min(TRUST_S, hub.agent_timeout / 2)
 
     def routes(self) -> list[Route]:
         return [Route("/v1/agent/register", self._wrap(self.register), methods=["POST"]),
@@ -97,18 +108,36 @@ class AgentProtocol:
             if not cursor.isdigit():
                 raise InvalidParameter("Invalid parameter 'cursor': the cursor of an earlier answer, or empty.")
             cursor = int(cursor)
-        host = await self.store.read(lambda conn: state.host_for_token(Context(conn, self.arns), token))
-        host_arn = host.arn
-        if not jsonio.loads(host.doc).get("agentConnected"):
-            await self.hub.write(lambda ctx: state.connected(ctx, token))
+        hashed = state.token_hash(token)
+        known = self._in_service.get(hashed)
+        shortcut = known is not None and time.monotonic() - known[1] < self.trust_s
+        if shortcut:  # the previous answer, just now, found the host in service: one read, not two
+            host_arn = known[0]
+        else:
+            host = await self.store.read(
+                lambda conn: state.host_for_token(Context(conn, self.arns), token, hashed=hashed))
+            host_arn = host.arn
+            if not jsonio.loads(host.doc).get("agentConnected"):
+                await self.hub.write(lambda ctx: state.connected(ctx, token))
         self.last_seen[host_arn] = time.monotonic()
-        await self.hub.signals.wait(host_arn, request.query_params.get("since"), wait)
+        since = request.query_params.get("since")
+        waits = since == self.hub.signals.token(host_arn)
+        await self.hub.signals.wait(host_arn, since, wait)
         # Read the token before the state: a change committed in between makes the next poll
         # return at once instead of being missed.
         version = self.hub.signals.token(host_arn)
-        desired = await self.store.read(
+        desired, connected = await self.store.read(
             lambda conn: state.desired_state(Context(conn, self.arns), host_arn, cursor))
         self.last_seen[host_arn] = time.monotonic()
+        if desired["status"] == "INACTIVE":
+            self._in_service.pop(hashed, None)
+            if shortcut and not waits:  # deregistered before this poll came: refused, as without the shortcut
+                raise state.denied_credential()
+        elif not connected:  # marked disconnected meanwhile (by another server): connected again
+            self._in_service.pop(hashed, None)
+            await self.hub.write(lambda ctx: state.connected(ctx, token))
+        else:
+            self._in_service[hashed] = (host_arn, time.monotonic())
         return {"version": version, **desired}
 
     async def report(self, request: Request) -> dict:

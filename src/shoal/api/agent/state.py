@@ -43,7 +43,7 @@ _PROVIDER_DAEMON = Prepared(select(daemon_cps.c.daemon_arn).where(
 _HOST_BY_TOKEN = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash")))
 _HOST_BY_TOKEN_FOR_UPDATE = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash"))
                                      .with_for_update())
-_HOST_STATUS = Prepared(select(cis.c.status, cis.c.desired_seq).where(cis.c.arn == bindparam("host")))
+_HOST_STATUS = Prepared(select(cis.c.status, cis.c.desired_seq, cis.c.doc).where(cis.c.arn == bindparam("host")))
 _TASKS_ON_HOST = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
     tasks.c.container_instance_arn == bindparam("host"), tasks.c.last_status != "STOPPED"))
 _TASKS_CHANGED = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
@@ -64,12 +64,17 @@ def _denied(message: str) -> AuthError:
     return AuthError(message, "AccessDeniedException")
 
 
-def host_for_token(ctx: Context, token: str, *, for_update: bool = False):
-    """The host row (arn, cluster_name, status, version, doc) that this credential belongs to."""
-    row = (_HOST_BY_TOKEN_FOR_UPDATE if for_update else _HOST_BY_TOKEN).first(ctx.conn,
-                                                                              {"token_hash": token_hash(token)})
+def denied_credential() -> AuthError:
+    return _denied("The host credential is not valid (unknown, or the host was deregistered).")
+
+
+def host_for_token(ctx: Context, token: str, *, for_update: bool = False, hashed: str | None = None):
+    """The host row (arn, cluster_name, status, version, doc) that this credential belongs to
+    (`hashed`: the token's hash, when the caller has it already)."""
+    row = (_HOST_BY_TOKEN_FOR_UPDATE if for_update else _HOST_BY_TOKEN).first(
+        ctx.conn, {"token_hash": hashed or token_hash(token)})
     if row is None or row.status == "INACTIVE":
-        raise _denied("The host credential is not valid (unknown, or the host was deregistered).")
+        raise denied_credential()
     return row
 
 
@@ -212,10 +217,11 @@ def disconnected(ctx: Context, host_arn: str) -> None:
             emit_health_change(ctx, cluster, doc)
 
 
-def desired_state(ctx: Context, host_arn: str, cursor: int | None = None) -> dict:
-    """What the host's agent should run. Without a cursor, every task on the host that has not
-    stopped (`full`); with the cursor of an earlier answer, the tasks whose desired state changed
-    since, stopped ones included (see shoal.api.agent.desired)."""
+def desired_state(ctx: Context, host_arn: str, cursor: int | None = None) -> tuple[dict, bool]:
+    """What the host's agent should run, and whether the host is marked connected. Without a
+    cursor, every task on the host that has not stopped (`full`); with the cursor of an earlier
+    answer, the tasks whose desired state changed since, stopped ones included (see
+    shoal.api.agent.desired)."""
     # The sequence first: a change that commits between the two reads is then sent again next
     # time rather than never.
     host = _HOST_STATUS.first(ctx.conn, {"host": host_arn})
@@ -235,7 +241,8 @@ def desired_state(ctx: Context, host_arn: str, cursor: int | None = None) -> dic
             "containers": [{k: c[k] for k in ("name", "containerArn", "gpuIds") if k in c} for c in doc["containers"]],
             "stopCode": doc.get("stopCode"), "stoppedReason": doc.get("stoppedReason"), "seq": seq,
         })
-    return {"status": host.status, "cursor": host.desired_seq, "full": full, "tasks": out}
+    answer = {"status": host.status, "cursor": host.desired_seq, "full": full, "tasks": out}
+    return answer, bool(jsonio.loads(host.doc).get("agentConnected"))
 
 
 def _merge_container(current: dict, reported: dict) -> dict:
