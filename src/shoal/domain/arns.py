@@ -4,8 +4,9 @@ Every API that takes a cluster, task or instance accepts either a bare name/id o
 `short_name` reduces either to the last path segment.
 """
 
+import os
+import random
 import re
-import uuid
 from dataclasses import dataclass
 
 from shoal.domain.errors import InvalidParameter
@@ -96,5 +97,22 @@ def short_name(value: str, resource_type: str, field: str) -> str:
     return arn.last
 
 
+# Resource and event IDs: random version-4 UUIDs, as ECS's are. They name things and are no
+# secrets (credentials come from `secrets`), so they come from a generator seeded once from the
+# OS (reseeded in a forked child) rather than from os.urandom per ID: uuid.uuid4() cost ~5 µs,
+# a few per placed task.
+_random = random.Random()
+os.register_at_fork(after_in_child=_random.seed)
+_V4 = (0x4 << 76) | (0x2 << 62)  # the version nibble (4) and the variant bits (10)
+_V4_MASK = ~((0xF << 76) | (0x3 << 62))
+
+
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """A random UUID as 32 hex digits (a task's or container's ID)."""
+    return "%032x" % (_random.getrandbits(128) & _V4_MASK | _V4)
+
+
+def new_uuid() -> str:
+    """A random UUID in its 8-4-4-4-12 form (an event's ID)."""
+    h = new_id()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -1,7 +1,9 @@
 """The EventBridge envelope for shoal's own events."""
 
-import uuid
+import functools
 from datetime import datetime, timezone
+
+from shoal.domain.arns import new_uuid
 
 SOURCE = "shoal.ecs"
 
@@ -12,8 +14,10 @@ SERVICE_ACTION = "ECS Service Action"
 DEPLOYMENT_STATE_CHANGE = "ECS Deployment State Change"
 
 
+@functools.lru_cache(maxsize=4096)
 def iso(epoch: float) -> str:
-    """Epoch seconds to the ISO 8601 form events carry (UTC, milliseconds, `Z`)."""
+    """Epoch seconds to the ISO 8601 form events carry (UTC, milliseconds, `Z`). Cached: the
+    events of one unit of work share its time, and a task's times recur in each of its events."""
     dt = datetime.fromtimestamp(epoch, tz=timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
@@ -24,7 +28,7 @@ def envelope(
 ) -> dict:
     return {
         "version": "0",
-        "id": str(uuid.uuid4()),
+        "id": new_uuid(),
         "detail-type": detail_type,
         "source": source,
         "account": account,
@@ -47,13 +51,20 @@ _TIMESTAMP_FIELDS = {
 def event_detail(doc: dict, drop: tuple[str, ...] = ("tags",)) -> dict:
     """A resource document in event form: ISO timestamps, API-only fields dropped."""
 
-    def convert(value, key=None):
+    # Every event converts a whole document: leaves are handled in their container's loop
+    # rather than by a call each (a task document has a hundred or so).
+    def convert(value):
         if isinstance(value, dict):
-            return {k: convert(v, k) for k, v in value.items() if k not in drop}
-        if isinstance(value, list):
-            return [convert(v) for v in value]
-        if key in _TIMESTAMP_FIELDS and isinstance(value, int | float):
-            return iso(value)
-        return value
+            out = {}
+            for k, v in value.items():
+                if k in drop:
+                    continue
+                if isinstance(v, dict | list):
+                    v = convert(v)
+                elif k in _TIMESTAMP_FIELDS and isinstance(v, int | float):
+                    v = iso(v)
+                out[k] = v
+            return out
+        return [convert(v) if isinstance(v, dict | list) else v for v in value]
 
-    return convert(doc)
+    return convert(doc) if isinstance(doc, dict | list) else doc

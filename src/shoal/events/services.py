@@ -3,8 +3,7 @@ human-readable messages a service keeps in its own `events` list (DescribeServic
 
 from __future__ import annotations
 
-import uuid
-
+from shoal.domain.arns import new_uuid
 from shoal.events.envelope import DEPLOYMENT_STATE_CHANGE, SERVICE_ACTION, iso
 
 MAX_SERVICE_EVENTS = 100  # ECS shows the latest 100
@@ -31,5 +30,5 @@ def deployment_change(ctx, service: dict, deployment_id: str, event_name: str, r
 def note(ctx, service: dict, message: str) -> None:
     """Add a message to the service's own event list, newest first, as ECS words them:
     "(service web) has reached a steady state."."""
-    event = {"id": str(uuid.uuid4()), "createdAt": ctx.now, "message": f"(service {service['serviceName']}) {message}"}
+    event = {"id": new_uuid(), "createdAt": ctx.now, "message": f"(service {service['serviceName']}) {message}"}
     service["events"] = [event, *service.get("events", [])][:MAX_SERVICE_EVENTS]
