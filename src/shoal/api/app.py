@@ -65,7 +65,6 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
 
     app = Starlette(
         routes=[
-            *agents.routes(),
             Route("/v1/events", events_endpoint(store, aws.authenticate), methods=["GET"]),
             *queue_routes(store, aws.authenticate),
             *action_log_routes(store, aws.authenticate),
@@ -81,6 +80,8 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
     async def shoal(scope, receive, send):
         if scope["type"] == "http" and scope["path"] == "/" and scope["method"] == "POST":
             await aws(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"].startswith(agents.PREFIX):
+            await agents(scope, receive, send)
         else:
             await app(scope, receive, send)
 

@@ -20,16 +20,17 @@ import hmac
 import secrets
 import time
 
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+import logging
+from urllib.parse import parse_qsl
 
 from shoal import jsonio
 from shoal.api.agent import state
 from shoal.api.operations import Context
 from shoal.api.protocol.awsjson import error_body
-from shoal.domain.errors import ApiError, AuthError, InvalidParameter
+from shoal.domain.errors import ApiError, AuthError, InvalidParameter, ServerError
 from shoal.store.db import Store
+
+log = logging.getLogger(__name__)
 
 MAX_WAIT = 60.0
 MAX_BODY = 4 * 1024 * 1024
@@ -42,8 +43,27 @@ MAX_BODY = 4 * 1024 * 1024
 TRUST_S = 10.0
 
 
-def _json(status: int, body: bytes) -> Response:
-    return Response(body, status_code=status, media_type="application/json")
+class Call:
+    """One agent request, as the handlers read it: lower-case headers, query parameters (the
+    last of a repeated one) and the body, read once."""
+
+    __slots__ = ("headers", "query_params", "_receive", "_body")
+
+    def __init__(self, scope, receive):
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        self.query_params = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        self._receive, self._body = receive, None
+
+    async def body(self) -> bytes:
+        if self._body is None:
+            body = bytearray()
+            while True:  # stop reading past the limit: the request is refused anyway
+                message = await self._receive()
+                body += message.get("body", b"")
+                if len(body) > MAX_BODY or not message.get("more_body"):
+                    break
+            self._body = bytes(body)
+        return self._body
 
 
 class AgentProtocol:
@@ -55,28 +75,37 @@ class AgentProtocol:
         self._in_service: dict[str, tuple[str, float]] = {}
         self.trust_s = min(TRUST_S, hub.agent_timeout / 2)
 
-    def routes(self) -> list[Route]:
-        return [Route("/v1/agent/register", self._wrap(self.register), methods=["POST"]),
-                Route("/v1/agent/poll", self._wrap(self.poll), methods=["GET"]),
-                Route("/v1/agent/report", self._wrap(self.report), methods=["POST"])]
+    PREFIX = "/v1/agent/"
 
-    def _wrap(self, handler):
-        async def endpoint(request: Request) -> Response:
-            try:
-                return _json(200, jsonio.dumpb(await handler(request)))
-            except ApiError as err:
-                return _json(err.status, error_body(err))
-        return endpoint
+    async def __call__(self, scope, receive, send) -> None:
+        """ASGI entry for every path under PREFIX. Raw ASGI rather than framework routes, as
+        for the ECS API: every poll and every report comes through here, and a framework's
+        routing and middleware cost as much as a poll's own work."""
+        handler = {("POST", "register"): self.register, ("GET", "poll"): self.poll,
+                   ("POST", "report"): self.report}.get((scope["method"], scope["path"][len(self.PREFIX):]))
+        if handler is None:
+            known = scope["path"][len(self.PREFIX):] in ("register", "poll", "report")
+            status, payload = (405, b"Method Not Allowed") if known else (404, b"Not Found")
+            await _send(send, status, payload, b"text/plain; charset=utf-8")
+            return
+        try:
+            status, payload = 200, jsonio.dumpb(await handler(Call(scope, receive)))
+        except ApiError as err:
+            status, payload = err.status, error_body(err)
+        except Exception:
+            log.exception("internal error in %s", scope["path"])
+            status, payload = 500, error_body(ServerError("Internal server error; see the server log."))
+        await _send(send, status, payload)
 
     @staticmethod
-    def _bearer(request: Request) -> str:
+    def _bearer(request: Call) -> str:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise AuthError("Missing 'Authorization: Bearer <token>'.", "UnrecognizedClientException")
         return token.strip()
 
     @staticmethod
-    async def _body(request: Request) -> dict:
+    async def _body(request: Call) -> dict:
         raw = await request.body()
         if len(raw) > MAX_BODY:
             raise ApiError(f"The request body exceeds {MAX_BODY} bytes.", "SerializationException")
@@ -88,7 +117,7 @@ class AgentProtocol:
             raise ApiError("The request body must be a JSON object.", "SerializationException")
         return body
 
-    async def register(self, request: Request) -> dict:
+    async def register(self, request: Call) -> dict:
         if not hmac.compare_digest(self._bearer(request).encode(), self.join_token.encode()):
             raise AuthError("The join token is not valid.", "AccessDeniedException")
         body = await self._body(request)
@@ -97,7 +126,7 @@ class AgentProtocol:
         self.last_seen[result["containerInstanceArn"]] = time.monotonic()
         return {**result, "token": token}
 
-    async def poll(self, request: Request) -> dict:
+    async def poll(self, request: Call) -> dict:
         token = self._bearer(request)
         try:
             wait = min(float(request.query_params.get("wait", "20")), MAX_WAIT)
@@ -140,9 +169,15 @@ class AgentProtocol:
             self._in_service[hashed] = (host_arn, time.monotonic())
         return {"version": version, **desired}
 
-    async def report(self, request: Request) -> dict:
+    async def report(self, request: Call) -> dict:
         token = self._bearer(request)
         body = await self._body(request)
         result = await self.hub.write(lambda ctx: state.report(ctx, token, body))
         self.last_seen[result.pop("host")] = time.monotonic()
         return result
+
+
+async def _send(send, status: int, payload: bytes, content_type: bytes = b"application/json") -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
