@@ -50,6 +50,19 @@ class Context:
 
     def emit(self, detail_type: str, resources: list[str], detail: dict, **envelope) -> dict:
         """Append an event (source shoal.ecs unless `source=` says otherwise) in this transaction."""
+        self._noted(detail_type, detail)
+        return outbox.append(self.conn, detail_type, resources, detail,
+                             region=self.arns.region, account=self.arns.account, now=self.now, **envelope)
+
+    def emit_many(self, detail_type: str, items: list[tuple[list[str], dict]]) -> list[dict]:
+        """`emit` for several events of one type, (resources, detail) each, in one statement."""
+        for _, detail in items:
+            self._noted(detail_type, detail)
+        return outbox.append_many(self.conn, detail_type, items, region=self.arns.region, account=self.arns.account,
+                                  now=self.now)
+
+    def _noted(self, detail_type: str, detail: dict) -> None:
+        """What an event tells the control loop."""
         self.emitted += 1
         if detail_type == TASK_STATE_CHANGE and str(detail.get("group", "")).startswith("service:"):
             # Every change of a service task, whoever made it (an agent's report, StopTask, a
@@ -59,8 +72,6 @@ class Context:
                 detail.get("lastStatus") == "STOPPED" and detail.get("containerInstanceArn"))):
             # A daemon's task changed, or a task left a host (a drained host's daemons stop last).
             self.dirty_daemons.add(detail["clusterArn"].rsplit("/", 1)[-1])
-        return outbox.append(self.conn, detail_type, resources, detail,
-                             region=self.arns.region, account=self.arns.account, now=self.now, **envelope)
 
 
 T = TypeVar("T")

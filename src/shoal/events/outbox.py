@@ -33,6 +33,16 @@ def append(conn: Connection, detail_type: str, resources: list[str], detail: dic
     return env
 
 
+def append_many(conn: Connection, detail_type: str, items: list[tuple[list[str], dict]], *,
+                region: str, account: str, now: float) -> list[dict]:
+    """`append` for several events of one type (resources, detail), in order, in one statement."""
+    envs = [envelope(detail_type, resources, detail, region=region, account=account, now=now)
+            for resources, detail in items]
+    _INSERT.run_many(conn, [{"event_id": env["id"], "detail_type": detail_type, "time": env["time"],
+                             "envelope": jsonio.dumps(env)} for env in envs])
+    return envs
+
+
 def parse_cursor(cursor: str | None) -> tuple[int, int]:
     if not cursor:
         return (0, 0)

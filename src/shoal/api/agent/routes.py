@@ -35,12 +35,11 @@ log = logging.getLogger(__name__)
 MAX_WAIT = 60.0
 MAX_BODY = 4 * 1024 * 1024
 # How long a poll's finding that its host is in service (credential valid, not INACTIVE, agent
-# marked connected) spares the next poll of that host from reading it again before it waits.
-# Each answer reads the host anyway (its status and connection), so what a shortcut can miss is
-# only a change no commit of this server announced (another server's), and only until that
-# answer; shorter than any agent timeout, so this server's own sweep cannot have marked the
-# host disconnected meanwhile.
-TRUST_S = 10.0
+# marked connected) spares the next poll of that host from reading it again before it waits:
+# half the agent timeout. Each answer reads the host anyway (its status and connection), so what
+# a shortcut can miss is only a change no commit of this server announced (another server's),
+# and only until that answer; and this server's own sweep marks an agent disconnected only
+# after a whole agent timeout without a poll, so it cannot have done so meanwhile.
 
 
 class Call:
@@ -73,7 +72,7 @@ class AgentProtocol:
         # Token hash -> (host ARN, monotonic time a poll's answer found the host in service). The
         # mapping never changes (a credential belongs to one host for good); see TRUST_S.
         self._in_service: dict[str, tuple[str, float]] = {}
-        self.trust_s = min(TRUST_S, hub.agent_timeout / 2)
+        self.trust_s = hub.agent_timeout / 2
 
     PREFIX = "/v1/agent/"
 

@@ -21,7 +21,7 @@ from shoal.api.operations import Context, dumps, ecs
 from shoal.domain import arns, query
 from shoal.domain import tasks as domain
 from shoal.domain.errors import InvalidParameter
-from shoal.events.changes import emit_task_change
+from shoal.events.changes import emit_task_change, emit_task_changes
 from shoal.store.db import update_versioned
 from shoal.scheduler.placement import Placer, release, set_pending_reason
 from shoal.store.prepared import Prepared
@@ -131,7 +131,7 @@ def create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, laun
     tags = check_tags(req.get("tags", []))
     if req.get("propagateTags") == "TASK_DEFINITION":
         tags = merge_tags(td.get("tags", []), tags)
-    docs = []
+    docs, rows = [], []
     placer, placement_json = Placer(ctx, cluster.name), dumps(placement)  # one plan for the batch
     for i in range(count):
         task_id = arns.new_id()
@@ -152,13 +152,15 @@ def create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, laun
                 raise InvalidParameter(f"Invalid parameter 'containerInstances[{i}]': the task does not fit on "
                                        f"'{instance_arn}' ({reason}).")
             set_pending_reason(doc, reason)
-        INSERT_TASK.run(ctx.conn, dict(
+        rows.append(dict(
             arn=task_arn, id=task_id, cluster_name=cluster.name, last_status=doc["lastStatus"],
             desired_status="RUNNING", family=td["family"], started_by=req.get("startedBy"),
             service_name=service_name, launch_type=launch_type, container_instance_arn=doc.get("containerInstanceArn"),
             created_at=ctx.now, version=1, doc=dumps(doc), placement=placement_json))
-        emit_task_change(ctx, doc)
         docs.append(doc)
+    # The rows, then their events, in one statement each (the DBAPI's executemany).
+    INSERT_TASK.run_many(ctx.conn, rows)
+    emit_task_changes(ctx, docs)
     placer.flush()
     return docs
 

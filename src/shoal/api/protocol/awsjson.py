@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 
 import logging
-import uuid
 
 from shoal import jsonio
 from shoal.api.operations import Registry, run_unit
 from shoal.api.protocol import sigv4
 from shoal.api.protocol.validation import service_model, validate
+from shoal.domain.arns import new_uuid
 from shoal.domain.errors import ApiError, ServerError, UnknownOperation
 from shoal.store.db import Store
 
@@ -64,7 +64,7 @@ class AwsJsonEndpoint:
                                                 headers, bytes(body))
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(payload)).encode()),
-            (b"x-amzn-requestid", str(uuid.uuid4()).encode())]})
+            (b"x-amzn-requestid", new_uuid().encode())]})
         await send({"type": "http.response.body", "body": payload})
 
     async def handle(self, method: str, path: str, query: str, headers: dict[str, str],
