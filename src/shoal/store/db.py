@@ -233,6 +233,10 @@ class Store:
     def _rollback_quietly(conn: Connection) -> None:
         try:
             conn.rollback()
+            # A COMMIT the database refused (a deferred constraint) leaves the transaction open
+            # in the driver while SQLAlchemy counts it as ended: end it there too, or the next
+            # BEGIN (issued on the DBAPI connection: see _sqlite_engine) finds it still open.
+            conn.connection.dbapi_connection.rollback()
         except Exception:  # the connection is gone; the writer loop replaces it
             conn.invalidate()
 
