@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -32,25 +31,15 @@ def capacity_controller(settings: Settings, kind: str, launch: str | None, termi
     return CapacityController(provisioner, settings.join_token, scale_in_after=scale_in_after)
 
 
-# CPython's cyclic collector runs a young collection every 700 net allocations and a full one
-# whenever the survivors have grown the old generation by a quarter. A server holding 10,000
-# hosts' long-polls, host tables and caches has millions of objects: during
-# benchmarks/placement.py full collections (0.2–0.8 s each) took a sixth of the server's CPU.
-# Objects are freed by reference counting as they die; the collector only has reference cycles
-# to find, and may look for them far less often.
-GC_THRESHOLDS = (50_000, 20, 100)
-
-
 def tune_gc() -> None:
-    """For a long-running server process: what start-up loaded (modules, the API models) is
-    never garbage, and collections run less often (GC_THRESHOLDS)."""
+    """Start-up is done: the API models validation reads are loaded now rather than on first
+    use, then see shoal.gctune."""
+    from shoal import gctune
     from shoal.api.protocol.validation import service_model
 
-    for service in ("ecs", "events"):  # loaded on first use otherwise: load them with start-up
+    for service in ("ecs", "events"):
         service_model(service)
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    gctune.tune()
 
 
 def _serve(settings: Settings, host: str, port: int, on_ready=None, capacity=None) -> None:

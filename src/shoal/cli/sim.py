@@ -112,7 +112,10 @@ def sim(
         typer.echo(f"note: {len(fleet.hosts)} hosts polling every {poll_wait:g}s make about "
                    f"{len(fleet.hosts) / (0.9 * poll_wait):.0f} polls/s; at this size use --poll-wait 60 with "
                    f"`shoal server --agent-timeout 90`", err=True)
+    from shoal import gctune
     from shoal.sim.fleet import new_event_loop
+
+    gctune.tune()
 
     # SIGINT stops it even when it was started with SIGINT ignored (a background job, a script).
     signal.signal(signal.SIGINT, signal.default_int_handler)
