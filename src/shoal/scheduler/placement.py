@@ -50,6 +50,9 @@ _HOST_VERSIONS = Prepared(select(cis.c.arn, cis.c.version).where(cis.c.cluster_n
 _WRITE_HOST = Prepared(update(cis).where(cis.c.arn == bindparam("host"), cis.c.version == bindparam("expected"))
                        .values(version=bindparam("next_version"), allocations=bindparam("new_allocations"),
                                doc=bindparam("new_doc")))
+_WRITE_HOST_AND_SEQ = Prepared(update(cis).where(cis.c.arn == bindparam("host"), cis.c.version == bindparam("expected"))
+                               .values(version=bindparam("next_version"), allocations=bindparam("new_allocations"),
+                                       doc=bindparam("new_doc"), desired_seq=bindparam("seq")))
 
 
 def configure(*, max_mps_clients: int) -> None:
@@ -201,14 +204,20 @@ class Placer:
                 container["gpuIds"] = decision.gpu_ids[container["name"]]
         return None
 
-    def flush(self) -> None:
+    def flush(self, *, unwritten: bool = False) -> dict[str, int]:
         """Write the hosts placed on, checked against the database (see the module docstring),
-        and tell their agents."""
-        for arn in sorted(self._placed):
-            self._write(arn, self._placed[arn])
-        self._placed.clear()
+        and tell their agents.
 
-    def _write(self, arn: str, new: dict[str, dict]) -> None:
+        `unwritten`: the tasks placed have no rows yet (RunTask, a service starting tasks).
+        Instead of stamping their rows at the end of the unit of work (an UPDATE of each new
+        row; see shoal.api.agent.desired), each host's desired-state sequence moves here, in
+        the same write as its allocations and under the same row lock; the caller writes the
+        returned number (host ARN -> sequence) into each new row's host_seq."""
+        seqs = {arn: self._write(arn, self._placed[arn], unwritten) for arn in sorted(self._placed)}
+        self._placed.clear()
+        return seqs
+
+    def _write(self, arn: str, new: dict[str, dict], unwritten: bool = False) -> int:
         conn, table = self.ctx.conn, self._hosts.table
         row = _HOST_FOR_UPDATE.first(conn, {"host": arn})
         slot = table.slot.get(arn)
@@ -224,15 +233,17 @@ class Placer:
                 raise StaleWrite(f"container instance {arn} changed under placement: {problem}")
         doc, allocations = jsonio.loads(row.doc), jsonio.loads(row.allocations)
         allocations.update(new)
-        version = write_allocations(self.ctx, row, doc, allocations)
+        seq = row.desired_seq + 1 if unwritten else None
+        version = write_allocations(self.ctx, row, doc, allocations, desired_seq=seq)
         for task_arn in new:
-            self.ctx.tell_agent(arn, task_arn)
+            self.ctx.tell_agent(arn, None if unwritten else task_arn)
         if slot is not None and row.version == table.hosts[slot].version:
             table.hosts[slot].version = version  # the table already holds these decisions
         else:  # take the host as it now is
             host = host_info(row)
             host.version, host.allocations = version, allocations
             table.upsert(host)
+        return seq
 
 
 def _unusable(row, new: dict[str, dict], *, connected_required: bool, any_status: bool = False) -> str | None:
@@ -249,12 +260,18 @@ def _unusable(row, new: dict[str, dict], *, connected_required: bool, any_status
     return overbooked(doc["registeredResources"], doc.get("gpuDevices", []), {**jsonio.loads(row.allocations), **new})
 
 
-def write_allocations(ctx: Context, row, doc: dict, allocations: dict) -> int:
+def write_allocations(ctx: Context, row, doc: dict, allocations: dict, *, desired_seq: int | None = None) -> int:
+    """Write the host's allocations (and its desired-state sequence, if given); return its new
+    version."""
     capacity = HostCapacity(row.arn, doc["registeredResources"], doc.get("gpuDevices", []), allocations)
     doc["remainingResources"] = capacity.remaining()
     doc["gpuDevices"] = capacity.devices_now()
-    written = _WRITE_HOST.run(ctx.conn, {"host": row.arn, "expected": row.version, "next_version": row.version + 1,
-                                         "new_allocations": dumps(allocations), "new_doc": dumps(doc)})
+    values = {"host": row.arn, "expected": row.version, "next_version": row.version + 1,
+              "new_allocations": dumps(allocations), "new_doc": dumps(doc)}
+    if desired_seq is None:
+        written = _WRITE_HOST.run(ctx.conn, values)
+    else:
+        written = _WRITE_HOST_AND_SEQ.run(ctx.conn, {**values, "seq": desired_seq})
     if written != 1:
         raise StaleWrite(f"container instance {row.arn} changed concurrently")
     return row.version + 1

@@ -6,6 +6,10 @@ row lock, and stamps the new value on each task it changed (`tasks.host_seq`). A
 "I have seen up to N" gets the tasks stamped above N. The row lock orders the stamps the way the
 commits are ordered, so an agent that reads the counter before the tasks never skips a change
 (it may see one twice, which its reconcile ignores).
+
+Tasks created by placement (RunTask, a service starting tasks) get theirs another way: the
+counter moves when placement writes the host's allocations (same row lock), and the new rows
+are inserted with it (shoal.scheduler.placement.Placer.flush).
 """
 
 from __future__ import annotations

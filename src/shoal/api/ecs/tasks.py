@@ -158,10 +158,12 @@ def create_tasks(ctx: Context, req: dict, cluster, td: dict, count: int, *, laun
             service_name=service_name, launch_type=launch_type, container_instance_arn=doc.get("containerInstanceArn"),
             created_at=ctx.now, version=1, doc=dumps(doc), placement=placement_json))
         docs.append(doc)
+    seqs = placer.flush(unwritten=True)  # the hosts first: each new row carries its host's sequence
+    for row in rows:
+        row["host_seq"] = seqs.get(row["container_instance_arn"])
     # The rows, then their events, in one statement each (the DBAPI's executemany).
     INSERT_TASK.run_many(ctx.conn, rows)
     emit_task_changes(ctx, docs)
-    placer.flush()
     return docs
 
 
