@@ -149,9 +149,12 @@ class Store:
         self._queue.put(_Unit(fn, future))
         return future
 
-    def read_sync(self, fn: Callable[[Connection], T]) -> T:
+    def read_sync(self, fn: Callable[[Connection], T], snapshot: bool = True) -> T:
         # One transaction per read: a single snapshot on SQLite (PostgreSQL's READ COMMITTED takes
         # one per statement, which is enough for a single describe or list).
+        if not snapshot:
+            with self.read_engine.connect() as conn:
+                return fn(conn)
         with self.read_engine.connect() as conn, conn.begin():
             return fn(conn)
 
@@ -261,12 +264,16 @@ class Store:
     async def write(self, fn: Callable[[Connection], T]) -> T:
         return await asyncio.wrap_future(self.submit(fn))
 
-    async def read(self, fn: Callable[[Connection], T]) -> T:
+    async def read(self, fn: Callable[[Connection], T], *, snapshot: bool = True) -> T:
+        """Run `fn(conn)` on a reader connection. `snapshot=False`: its statements need not see
+        one state of the database (each sees the latest commit), so no transaction is begun
+        around them when they are prepared statements (shoal.store.prepared); a statement run
+        through SQLAlchemy still begins one, ended when the connection goes back to the pool."""
         if not self.is_postgres:
             # A SQLite read is in-process and takes well under a millisecond, and WAL readers
             # never wait for the writer: a hop to a reader thread costs more than the read.
-            return self.read_sync(fn)
-        return await asyncio.get_running_loop().run_in_executor(self._readers, self.read_sync, fn)
+            return self.read_sync(fn, snapshot)
+        return await asyncio.get_running_loop().run_in_executor(self._readers, self.read_sync, fn, snapshot)
 
     def close(self) -> None:
         self._queue.put(None)

@@ -154,8 +154,8 @@ class AgentProtocol:
         # Read the token before the state: a change committed in between makes the next poll
         # return at once instead of being missed.
         version = self.hub.signals.token(host_arn)
-        desired, connected = await self.store.read(
-            lambda conn: state.desired_state(Context(conn, self.arns), host_arn, cursor))
+        desired, connected = await self.store.read(  # reads ordered so that no snapshot is needed: see desired_state
+            lambda conn: state.desired_state(Context(conn, self.arns), host_arn, cursor), snapshot=False)
         self.last_seen[host_arn] = time.monotonic()
         if desired["status"] == "INACTIVE":
             self._in_service.pop(hashed, None)

@@ -223,7 +223,8 @@ def desired_state(ctx: Context, host_arn: str, cursor: int | None = None) -> tup
     answer, the tasks whose desired state changed since, stopped ones included (see
     shoal.api.agent.desired)."""
     # The sequence first: a change that commits between the two reads is then sent again next
-    # time rather than never.
+    # time rather than never. So the two need not see one snapshot (the poll runs them without
+    # a transaction around them).
     host = _HOST_STATUS.first(ctx.conn, {"host": host_arn})
     if cursor is None or cursor > host.desired_seq:  # (a cursor from a recreated database)
         rows, full = _TASKS_ON_HOST.all(ctx.conn, {"host": host_arn}), True
