@@ -49,11 +49,20 @@ _TASKS_ON_HOST = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
 _TASKS_CHANGED = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
     tasks.c.container_instance_arn == bindparam("host"), tasks.c.host_seq > bindparam("cursor")))
 _TASK_FOR_UPDATE = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.container_instance_arn, tasks.c.cluster_name,
-                                   tasks.c.service_name, tasks.c.doc)
+                                   tasks.c.service_name, tasks.c.last_status, tasks.c.desired_status, tasks.c.doc)
                             .where(tasks.c.arn == bindparam("task")).with_for_update())
-_WRITE_TASK = Prepared(update(tasks).where(tasks.c.arn == bindparam("task"), tasks.c.version == bindparam("expected"))
-                       .values(version=bindparam("next_version"), last_status=bindparam("new_last_status"),
-                               desired_status=bindparam("new_desired_status"), doc=bindparam("new_doc")))
+
+def _write_task(statuses: tuple[str, ...]) -> Prepared:
+    """The UPDATE of a reported task that sets these status columns: only those that changed,
+    since each is in an index that SQLite rewrites whenever the column is set."""
+    values = dict(version=bindparam("next_version"), doc=bindparam("new_doc"))
+    values.update({column: bindparam(f"new_{column}") for column in statuses})
+    return Prepared(update(tasks).where(tasks.c.arn == bindparam("task"), tasks.c.version == bindparam("expected"))
+                    .values(**values))
+
+
+_WRITE_TASK = {statuses: _write_task(statuses)
+               for statuses in ((), ("last_status",), ("desired_status",), ("last_status", "desired_status"))}
 
 
 def token_hash(token: str) -> str:
@@ -316,9 +325,11 @@ def apply_report(ctx: Context, host, update: dict) -> dict | None:
         state_changed = _state(doc) != state_before
         if state_changed:
             doc["version"] += 1
-        if _WRITE_TASK.run(ctx.conn, {"task": row.arn, "expected": row.version, "next_version": row.version + 1,
-                                      "new_last_status": doc["lastStatus"], "new_desired_status": doc["desiredStatus"],
-                                      "new_doc": dumps(doc)}) != 1:
+        statuses = {"last_status": doc["lastStatus"], "desired_status": doc["desiredStatus"]}
+        changed = tuple(column for column in statuses if statuses[column] != getattr(row, column))
+        if _WRITE_TASK[changed].run(ctx.conn, {"task": row.arn, "expected": row.version, "next_version": row.version + 1,
+                                               "new_doc": dumps(doc),
+                                               **{f"new_{column}": statuses[column] for column in changed}}) != 1:
             raise StaleWrite(f"task {row.arn} changed concurrently")
         if state_changed:
             emit_task_change(ctx, doc)
