@@ -73,6 +73,7 @@ class AgentProtocol:
         # mapping never changes (a credential belongs to one host for good); see TRUST_S.
         self._in_service: dict[str, tuple[str, float]] = {}
         self.trust_s = hub.agent_timeout / 2
+        self._prune_above = 1000
 
     PREFIX = "/v1/agent/"
 
@@ -139,7 +140,7 @@ class AgentProtocol:
         hashed = state.token_hash(token)
         known = self._in_service.get(hashed)
         shortcut = known is not None and time.monotonic() - known[1] < self.trust_s
-        if shortcut:  # the previous answer, just now, found the host in service: one read, not two
+        if shortcut:  # an answer within trust_s found the host in service: one read, not two
             host_arn = known[0]
         else:
             host = await self.store.read(
@@ -161,12 +162,19 @@ class AgentProtocol:
             self._in_service.pop(hashed, None)
             if shortcut and not waits:  # deregistered before this poll came: refused, as without the shortcut
                 raise state.denied_credential()
-        elif not connected:  # marked disconnected meanwhile (by another server): connected again
+        elif not connected:  # marked disconnected meanwhile (another server's sweep): connected again
             self._in_service.pop(hashed, None)
             await self.hub.write(lambda ctx: state.connected(ctx, token))
         else:
-            self._in_service[hashed] = (host_arn, time.monotonic())
+            self._vouch(hashed, host_arn)
         return {"version": version, **desired}
+
+    def _vouch(self, hashed: str, host_arn: str) -> None:
+        now = time.monotonic()
+        self._in_service[hashed] = (host_arn, now)
+        if len(self._in_service) > self._prune_above:  # hosts that went away: their entries are of no use
+            self._in_service = {k: v for k, v in self._in_service.items() if now - v[1] < self.trust_s}
+            self._prune_above = 2 * len(self._in_service) + 1000
 
     async def report(self, request: Call) -> dict:
         token = self._bearer(request)
