@@ -97,8 +97,8 @@ def _sqlite_engine(url: str, immediate: bool):
 def _direct_savepoints(engine) -> None:
     """The writer runs every unit of work in a savepoint: issue SAVEPOINT, RELEASE and ROLLBACK
     TO on the DBAPI connection rather than through `Connection.execute` (a compiled statement
-    and its result machinery, ~100 µs a unit for three words of SQL). SQLAlchemy still tracks
-    the savepoints and fires its events; only the statement's way to the driver changes."""
+    and its result machinery, twice a unit, for three words of SQL). SQLAlchemy still tracks the
+    savepoints and fires its events; only the statement's way to the driver changes."""
 
     def run(conn: Connection, sql: str) -> None:
         cursor = conn.connection.dbapi_connection.cursor()
