@@ -52,6 +52,7 @@ _TASK_FOR_UPDATE = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.contain
                                    tasks.c.service_name, tasks.c.last_status, tasks.c.desired_status, tasks.c.doc)
                             .where(tasks.c.arn == bindparam("task")).with_for_update())
 
+
 def _write_task(statuses: tuple[str, ...]) -> Prepared:
     """The UPDATE of a reported task that sets these status columns: only those that changed,
     since each is in an index that SQLite rewrites whenever the column is set."""
