@@ -34,13 +34,6 @@ log = logging.getLogger(__name__)
 
 MAX_WAIT = 60.0
 MAX_BODY = 4 * 1024 * 1024
-# How long a poll's finding that its host is in service (credential valid, not INACTIVE, agent
-# marked connected) spares the next poll of that host from reading it again before it waits:
-# half the agent timeout. Each answer reads the host anyway (its status and connection), so what
-# a shortcut can miss is only a change no commit of this server announced (another server's),
-# and only until that answer; and this server's own sweep marks an agent disconnected only
-# after a whole agent timeout without a poll, so it cannot have done so meanwhile.
-
 
 class Call:
     """One agent request, as the handlers read it: lower-case headers, query parameters (the
@@ -69,8 +62,14 @@ class AgentProtocol:
     def __init__(self, store: Store, arns, join_token: str, hub):
         self.store, self.arns, self.join_token, self.hub = store, arns, join_token, hub
         self.last_seen = hub.last_seen  # host ARN -> monotonic time of its agent's latest request
-        # Token hash -> (host ARN, monotonic time a poll's answer found the host in service). The
-        # mapping never changes (a credential belongs to one host for good); see TRUST_S.
+        # Token hash -> (host ARN, monotonic time a poll's answer found the host in service:
+        # credential valid, not INACTIVE, agent marked connected). The mapping never changes (a
+        # credential belongs to one host for good). For `trust_s` (half the agent timeout) such
+        # an answer spares the next poll of that credential from reading the host before it
+        # waits. Each answer reads the host anyway (status and connection), so what the
+        # shortcut can miss is only a change no commit of this server announced (another
+        # server's), and only until that answer; this server's own sweep marks an agent
+        # disconnected only after a whole agent timeout without a poll.
         self._in_service: dict[str, tuple[str, float]] = {}
         self.trust_s = hub.agent_timeout / 2
         self._prune_above = 1000
