@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 MAX_WAIT = 60.0
 MAX_BODY = 4 * 1024 * 1024
 
+
 class Call:
     """One agent request, as the handlers read it: lower-case headers, query parameters (the
     last of a repeated one) and the body, read once."""
