@@ -188,6 +188,12 @@ class Emulator:
                 since, cursor = answer["version"], answer["cursor"]
                 self._seen_status(host, answer["status"])
                 host.reconcile(answer["tasks"], full=answer["full"], cursor=cursor)
+                for order in answer.get("orders", ()):  # `shoal chaos`: faults are not modelled here
+                    if order["orderId"] not in host.orders_answered:
+                        host.orders_answered.add(order["orderId"])
+                        host.outbox.append({"orders": [{"orderId": order["orderId"], "status": "FAILED",
+                                                        "result": "the fleet emulator does not model faults"}]})
+                        self._schedule(host)
                 if answer["status"] == "INACTIVE":  # deregistered: its tasks are left as they are
                     return
         finally:
@@ -255,9 +261,15 @@ class Emulator:
             conn.close()
 
     async def _send_batch(self, conn: Connection, host: SimHost) -> None:
-        """One report: task snapshots in order, with any health that was queued before them."""
-        batch, health, taken = [], {}, 0
+        """One report: task snapshots in order, with any health that was queued before them (or
+        one chaos result)."""
+        batch, health, orders, taken = [], {}, [], 0
         for item in host.outbox[:REPORT_BATCH]:
+            if "orders" in item:  # chaos results go alone
+                if taken:
+                    break
+                orders, taken = item["orders"], 1
+                break
             if "health" in item:
                 if batch:
                     break  # health queued after a task snapshot goes in the next report
@@ -265,7 +277,7 @@ class Emulator:
             else:
                 batch.append(item)
             taken += 1
-        body = {"updates": batch, **({"health": health} if health else {})}
+        body = {"updates": batch, **({"health": health} if health else {}), **({"orders": orders} if orders else {})}
         try:
             status, answer = await conn.request("POST", "/v1/agent/report", host.token, body)
         except HttpError as err:

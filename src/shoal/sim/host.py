@@ -96,6 +96,7 @@ class SimHost:
         self.queued = False                  # in the emulator's report queue
         self.silenced = False                # stopped polling on purpose (a lost agent)
         self.poller: asyncio.Task | None = None
+        self.orders_answered: set[str] = set()  # chaos orders (answered FAILED: not modelled)
 
     # -- registration ------------------------------------------------------------------------
     def gpus(self) -> list[Gpu]:
