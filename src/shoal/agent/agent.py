@@ -272,7 +272,7 @@ class Agent:
         self._orders_seen.add(order["orderId"])
 
         async def run() -> None:
-            status, result = await chaos.apply(self, order)
+            status, result = chaos.apply(self, order)
             backoff = 0.2
             while True:
                 try:
@@ -282,6 +282,9 @@ class Agent:
                 except Deregistered:
                     return
                 except httpx.HTTPError as err:
+                    if isinstance(err, httpx.HTTPStatusError) and err.response.status_code < 500:
+                        log.error("chaos result refused: %s", err.response.text[:300])  # it would be again
+                        return
                     log.warning("chaos result report failed (%s); retrying in %.1fs", err, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)

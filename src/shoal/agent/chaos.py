@@ -34,7 +34,7 @@ class Refused(Exception):
     """The order cannot be carried out here; the message says why."""
 
 
-async def apply(agent, order: dict) -> tuple[str, str]:
+def apply(agent, order: dict) -> tuple[str, str]:
     try:
         if not agent.simulated and not order.get("really"):
             raise Refused("this is a real host: chaos needs --really")

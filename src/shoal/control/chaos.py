@@ -175,9 +175,8 @@ def acknowledge(ctx: Context, host, acks) -> None:
             continue
         ctx.conn.execute(update(chaos_orders).where(chaos_orders.c.id == row.id)
                          .values(status=ack["status"], result=result, done_at=ctx.now))
-        cluster = cluster_row(ctx, row.cluster_name)
         action_log.record(ctx, cluster=row.cluster_name, level="WARN" if ack["status"] == "DONE" else "ERROR",
-                          resource_arn=cluster.arn, source_id=host.arn, event_name=f"CHAOS_{ack['status']}",
+                          resource_arn=ctx.arns.cluster(row.cluster_name), source_id=host.arn, event_name=f"CHAOS_{ack['status']}",
                           detail={**jsonio.loads(row.order_doc), "result": result})
 
 
