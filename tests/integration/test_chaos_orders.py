@@ -108,11 +108,58 @@ def test_bad_orders_name_the_field_and_store_nothing(server, ecs, unique):
     assert resp.status_code == 400 and resp.json()["__type"] == "ClusterNotFoundException", resp.text
 
 
-def test_the_fleet_emulator_answers_that_it_does_not_model_faults(server, ecs, unique):
+def test_the_fleet_emulator_models_the_faults_at_scale_as_an_agent_reports_them(server, ecs, unique):
+    """`shoal chaos` on `shoal sim` hosts: the fleet emulator answers orders as a real agent's GPU
+    health would (shoal.sim.faults), through the same protocol."""
     cluster, _ = make_cluster(ecs, unique)
-    with SimFleet(server.endpoint, join_token(server), cluster, [HostSpec("p5en.48xlarge", 1)], poll_wait=5) as sim:
-        sim.wait_active_blocking(timeout=30)
-        placed = order(server, {"cluster": cluster, "host": sim.arns[0], "action": "xid", "gpu": 0, "xid": 79})
-        got = wait_for(lambda: (lambda o: o if o["status"] != "PENDING" else None)(
-            server.get(f"/v1/chaos/{placed['orderId']}", {}).json()["order"]), timeout=10, message="an answer")
-    assert (got["status"], got["result"]) == ("FAILED", "the fleet emulator does not model faults")
+    specs = [HostSpec("p5en.48xlarge", 20)]
+    with SimFleet(server.endpoint, join_token(server), cluster, specs, poll_wait=5, mps_probe_interval=0.3) as sim:
+        sim.wait_active_blocking(timeout=60)
+        arn = sim.arns[7]
+
+        def drill(**body) -> dict:
+            placed = order(server, {"cluster": cluster, "host": arn, **body})
+            return wait_for(lambda: (lambda o: o if o["status"] != "PENDING" else None)(
+                server.get(f"/v1/chaos/{placed['orderId']}", {}).json()["order"]), timeout=10, message="an answer")
+
+        def accelerated() -> dict:
+            host = ecs.describe_container_instances(cluster=cluster, containerInstances=[arn],
+                                                    include=["CONTAINER_INSTANCE_HEALTH"])["containerInstances"][0]
+            return next(d for d in host["healthStatus"]["details"] if d["type"] == "ACCELERATED_COMPUTE")
+
+        def becomes(status: str) -> dict:
+            return wait_for(lambda: (lambda c: c if c["status"] == status else None)(accelerated()), timeout=10,
+                            message=f"ACCELERATED_COMPUTE {status}")
+
+        hang = drill(action="mps", mode="hang", gpu=2)
+        assert hang["status"] == "DONE" and "never answers" in hang["result"]
+        assert "no answer to" in becomes("IMPAIRED")["statusReason"]
+        assert drill(action="mps", mode="recover", gpu=2)["status"] == "DONE"
+        becomes("OK")
+
+        # a crash fails the MPS tasks of that GPU (their clients lost the server); the daemon comes back
+        family = unique("mps")
+        ecs.register_task_definition(family=family, containerDefinitions=[{
+            "name": "c", "image": "x", "memory": 64, "resourceRequirements": [
+                {"type": "GPU", "sharingStrategy": {"nvidiaMps": {"memory": 4096}}}]}])
+        [task] = ecs.start_task(cluster=cluster, taskDefinition=family, containerInstances=[arn])["tasks"]
+        wait_for(lambda: ecs.describe_tasks(cluster=cluster, tasks=[task["taskArn"]])["tasks"][0]["lastStatus"]
+                 == "RUNNING", timeout=10, message="the MPS task RUNNING")
+        gpus = next(r["stringSetValue"] for r in ecs.describe_container_instances(
+            cluster=cluster, containerInstances=[arn])["containerInstances"][0]["registeredResources"] if r["name"] == "GPU")
+        crash = drill(action="mps", mode="crash", gpu=gpus.index(task["containers"][0]["gpuIds"][0]))
+        assert crash["status"] == "DONE" and "1 MPS task(s) lost their server" in crash["result"], crash
+        stopped = wait_for(lambda: (lambda t: t if t["lastStatus"] == "STOPPED" else None)(
+            ecs.describe_tasks(cluster=cluster, tasks=[task["taskArn"]])["tasks"][0]), timeout=10, message="STOPPED")
+        assert "lost their MPS server" in stopped["stoppedReason"], stopped
+        becomes("OK")  # restarted
+        changes = [c["status"] for e in server.events() if e["detail-type"] == "ECS Container Instance Health Change"
+                   and e["detail"]["containerInstanceArn"] == arn
+                   for c in e["detail"]["healthChecks"] if c["type"] == "ACCELERATED_COMPUTE"]
+        transitions = [c for i, c in enumerate(changes) if i == 0 or changes[i - 1] != c]
+        assert transitions[-4:] == ["IMPAIRED", "OK", "IMPAIRED", "OK"], changes  # the hang, then the crash
+
+        assert "logged only" in drill(action="xid", gpu=1, xid=13)["result"]
+        assert accelerated()["status"] == "OK"
+        assert drill(action="xid", gpu=1, xid=79)["status"] == "DONE"
+        assert becomes("IMPAIRED")["statusReason"] == "XID_79"
