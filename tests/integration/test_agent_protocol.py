@@ -162,8 +162,12 @@ def test_a_bad_join_token_is_refused_and_creates_nothing(server, ecs, unique):
                        headers={"Authorization": f"Basic {join_token(server)}"})
     error(basic, 403, "UnrecognizedClientException")
     # A host's own credential is not a join token.
-    _, host_token = register_host(server, cluster)
+    host_arn, host_token = register_host(server, cluster)
     ecs_hosts_before = ecs.list_container_instances(cluster=cluster)["containerInstanceArns"]
+    # Past the host's own events (on PostgreSQL the log shows a commit once no older
+    # transaction is in flight: its ACTIVE change is the last of them).
+    wait_for(lambda: any(e["detail"].get("status") == "ACTIVE" for e in events_since(
+        server, position, resource=host_arn, kind=INSTANCE_CHANGE)), timeout=10, message="the host's events")
     after_host = cursor(server)
     error(register_raw(server, body, token=host_token), 403, "AccessDeniedException")
 

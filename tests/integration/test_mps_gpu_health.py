@@ -9,7 +9,7 @@ import pytest
 from tests.integration.test_placement import (HEALTHY, describe_host, family, gpu_devices, make_cluster,
                                               mps_share, pending_reason, placed_on, register_host, report, run,
                                               whole_gpus)
-from tests.support import ServerProcess
+from tests.support import ServerProcess, wait_for
 
 
 def impaired(gpus: list[str], reason: str = "MPS control daemon is not responding") -> dict:
@@ -38,8 +38,10 @@ def test_a_gpu_whose_mps_daemon_is_down_takes_no_new_mps_shares(server, ecs, uni
     entries = server.get("/v1/action-logs", {"cluster": cluster}).json()["entries"]
     [entry] = [e for e in entries if e["eventName"] == "ACCELERATED_COMPUTE_IMPAIRED"]
     assert entry["detail"]["gpus"] == [first] and entry["actionSourceId"] == arn
-    assert any(e["detail-type"] == "ECS Container Instance Health Change" and e["resources"] == [arn]
-               and e["detail"]["overallStatus"] == "IMPAIRED" for e in server.events())
+    # (on PostgreSQL the event log shows a commit once no older transaction is still in flight)
+    wait_for(lambda: any(e["detail-type"] == "ECS Container Instance Health Change" and e["resources"] == [arn]
+                         and e["detail"]["overallStatus"] == "IMPAIRED" for e in server.events()),
+             timeout=10, message="the Health Change event")
 
 
 def test_when_every_gpu_is_impaired_mps_work_waits_and_is_placed_once_one_recovers(server, ecs, unique):

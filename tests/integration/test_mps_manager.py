@@ -463,3 +463,26 @@ def test_stopping_a_hung_daemon_falls_back_to_signals(data_dir):
             assert m.pid(gpu) is None
 
     run(scenario())
+
+
+def test_the_supervisors_gate_lets_no_task_in_while_a_restart_replaces_the_daemon(data_dir):
+    """A restart decided while the daemon was down goes on even if the old daemon answers
+    meanwhile; a task gated in that window must attach to the new daemon, not the one quitting."""
+    from shoal.agent.accelerated import AcceleratedCompute
+    from shoal.agent.mps.supervisor import MpsSupervisor
+
+    gpu = new_gpu()
+
+    async def scenario():
+        async with manager(data_dir) as m:
+            old = (await m.start(gpu)).pid
+            health = AcceleratedCompute(data_dir, (), lambda: None)
+            supervisor = MpsSupervisor(m, [gpu], interval=5.0, health=health, tasks_on=lambda uuid: [])
+            restart = asyncio.ensure_future(m.restart(gpu))
+            await asyncio.sleep(0)  # the restart has begun: the old daemon still answers probes
+            assert m.restarting(gpu) and alive(old)
+            assert await supervisor.gate(gpu.uuid) is None
+            assert not m.restarting(gpu) and m.pid(gpu) not in (None, old), "gated against the old daemon"
+            await restart
+
+    run(scenario())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from shoal.agent import cgroups
+from shoal.agent import cgroups, chaos
 from shoal.agent import host as hostinfo
 from shoal.agent.accelerated import AWS_XIDS, AcceleratedCompute, XidWatcher
 from shoal.agent.gpu.base import detect as detect_gpus
@@ -76,6 +76,14 @@ class Agent:
         self._health_changes: list[dict] = []  # changes not yet reported, oldest first
         self.mps = None  # MpsSupervisor on hosts with GPUs and an MPS control binary
         self.accelerated: AcceleratedCompute | None = None
+        self.gpu_backend: str | None = None  # "fake" | "nvml"
+        self._orders_seen: set[str] = set()  # chaos orders applied (or being applied) by this agent
+        self._background: set[asyncio.Task] = set()
+
+    @property
+    def simulated(self) -> bool:
+        """Whether faults injected here hurt nothing real (see shoal.agent.chaos)."""
+        return self.config.simulate or self.gpu_backend == "fake"
 
     # -- setup -----------------------------------------------------------------------------
     def _backend(self):
@@ -137,6 +145,7 @@ class Agent:
         """The configured attributes, and the GPU health settings `shoal explain recovery` reads."""
         attributes = dict(self.config.attributes)
         if gpus:
+            attributes["shoal.gpu.backend"] = self.gpu_backend
             attributes["shoal.gpu.xid-set"] = ",".join(str(x) for x in sorted(self.config.xid_set))
         if self.mps is not None:
             attributes["shoal.mps.probe-interval"] = f"{self.config.mps_probe_interval:g}"
@@ -168,6 +177,7 @@ class Agent:
         self.host = self.identity["hostId"] if self.identity else hostinfo.host_id(self.data_dir, self.config.host_id)
         backend = self._backend()
         gpus = backend.devices() if backend else []
+        self.gpu_backend = backend.name if backend else None
         self._outbox_ready = asyncio.Event()
         self._health_due = asyncio.Event()
         self.accelerated = AcceleratedCompute(self.data_dir, self.config.xid_set, self._health_changed)
@@ -235,6 +245,8 @@ class Agent:
             desired = r.json()
             since, cursor = desired["version"], desired["cursor"]
             self._reconcile(desired["tasks"])
+            for order in desired.get("orders", []):
+                self._chaos(order)
             if desired["status"] == "INACTIVE":
                 log.warning("this host was deregistered; its tasks are left as they are; stopping")
                 return
@@ -251,6 +263,35 @@ class Agent:
             runner = TaskRunner(spec, task_dir, self.runtime, self._enqueue, self.launcher, mps=self.mps)
             self.runners[spec["taskArn"]] = runner
             runner.task = asyncio.get_running_loop().create_task(runner.run())  # held: the loop keeps weak refs
+
+    def _chaos(self, order: dict) -> None:
+        """Apply a chaos order once (answers repeat it until its result is in) and report how
+        it went, retrying until the control plane has it."""
+        if order["orderId"] in self._orders_seen:
+            return
+        self._orders_seen.add(order["orderId"])
+
+        async def run() -> None:
+            status, result = chaos.apply(self, order)
+            backoff = 0.2
+            while True:
+                try:
+                    await self._post_report({"orders": [{"orderId": order["orderId"], "status": status,
+                                                         "result": result}]})
+                    return
+                except Deregistered:
+                    return
+                except httpx.HTTPError as err:
+                    if isinstance(err, httpx.HTTPStatusError) and err.response.status_code < 500:
+                        log.error("chaos result refused: %s", err.response.text[:300])  # it would be again
+                        return
+                    log.warning("chaos result report failed (%s); retrying in %.1fs", err, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- reporting -------------------------------------------------------------------------
     def _enqueue(self, snapshot: dict) -> None:

@@ -11,6 +11,7 @@ from starlette.routing import Route
 from shoal.api.action_logs import action_log_routes
 from shoal.api.agent.routes import AgentProtocol
 from shoal.api.alarms import alarm_routes
+from shoal.api.chaos import chaos_routes
 from shoal.api.daemon_sli import daemon_sli_routes
 from shoal.api.ecs import register_all as register_ecs
 from shoal.api.eventbridge import register_all as register_eventbridge
@@ -69,6 +70,7 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
             *queue_routes(store, aws.authenticate),
             *action_log_routes(store, aws.authenticate),
             *alarm_routes(store, arns, aws.authenticate),
+            *chaos_routes(hub, aws.authenticate),
             *daemon_sli_routes(store, aws.authenticate),
             *recovery_routes(store, settings, aws.authenticate),
             Route("/healthz", healthz, methods=["GET"]),

@@ -90,6 +90,8 @@ def sim(
     prefix: Annotated[Optional[str], typer.Option(help="Host id prefix (ids are PREFIX-00000, …). Default: "
                                                        "sim-<random>.")] = None,
     stats_every: Annotated[float, typer.Option(help="Seconds between status lines.")] = 10.0,
+    mps_probe_interval: Annotated[float, typer.Option(help="The modelled agents' MPS probe interval: a "
+                                                           "`shoal chaos mps --mode hang` shows after 3 of them.")] = 5.0,
 ) -> None:
     """Run a simulated fleet: many hosts in this process, driving the server through the real agent
     protocol, with task run times from a model. Runs until Ctrl-C; on exit the hosts stay
@@ -105,7 +107,7 @@ def sim(
         model = TaskModel(run_time=run_time, distribution=distribution, start_delay=(0.0, start_delay),
                           failure_rate=failure_rate, seed=seed)
         fleet = SimFleet(server, join_token, cluster, specs, model, poll_wait=poll_wait, heartbeat=heartbeat,
-                         concurrency=concurrency, prefix=prefix)
+                         concurrency=concurrency, prefix=prefix, mps_probe_interval=mps_probe_interval)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     if len(fleet.hosts) >= 2000 and poll_wait < 60:

@@ -193,7 +193,9 @@ def up(
               f"TASK=$(aws ecs --endpoint-url \"$SHOAL_ENDPOINT\" run-task --task-definition hello "
               f"--query 'tasks[0].taskArn' --output text)\n"
               f"sleep 1; shoal logs --data-dir {data_dir} \"$TASK\"\n"
-              f"# events: shoal events list; store: {settings.database_url}; Ctrl-C stops", flush=True)
+              f"# events: shoal events list; store: {settings.database_url}; Ctrl-C stops\n"
+              f"# the whole GPU story (daemons, MPS, faults, repair) on simulated p6-b200 hosts: "
+              f"{Path(sys.executable).with_name('shoal')} demo", flush=True)
 
     def ready(bound: int) -> None:
         threading.Thread(target=prepare, args=(f"http://127.0.0.1:{bound}",), daemon=True).start()

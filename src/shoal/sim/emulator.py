@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from shoal.sim.faults import HostFaults
 from shoal.sim.host import HEALTH_OK, SimHost
 from shoal.sim.wire import Connection, Endpoint, HttpError
 
@@ -67,10 +68,13 @@ def _version() -> str:
 
 class Emulator:
     def __init__(self, server_url: str, join_token: str, hosts: list[SimHost], *, poll_wait: float = 20.0,
-                 heartbeat: float | None = None, concurrency: int = 64, seed: int = 0):
+                 heartbeat: float | None = None, concurrency: int = 64, seed: int = 0,
+                 mps_probe_interval: float = 5.0):
         self.endpoint = Endpoint(server_url)
         self.join_token, self.hosts = join_token, hosts
         self.poll_wait, self.heartbeat, self.concurrency = poll_wait, heartbeat, concurrency
+        self.mps_probe_interval = mps_probe_interval  # for modelled MPS hangs (shoal.sim.faults)
+        self._orders_done: set[str] = set()
         self.stats = Stats()
         self._rng = random.Random(seed)  # poll jitter only
         self._reports: asyncio.Queue[SimHost] | None = None
@@ -188,10 +192,28 @@ class Emulator:
                 since, cursor = answer["version"], answer["cursor"]
                 self._seen_status(host, answer["status"])
                 host.reconcile(answer["tasks"], full=answer["full"], cursor=cursor)
+                for order in answer.get("orders", ()):
+                    self._chaos(host, order)
                 if answer["status"] == "INACTIVE":  # deregistered: its tasks are left as they are
                     return
         finally:
             conn.close()
+
+    def _chaos(self, host: SimHost, order: dict) -> None:
+        """A `shoal chaos` order: modelled by shoal.sim.faults, answered once."""
+        if host.faults is None:
+            host.faults = HostFaults(host, self.mps_probe_interval,
+                                     lambda check: self._report_health(host, {"ACCELERATED_COMPUTE": check}),
+                                     host.fail)
+        if order["orderId"] in self._orders_done:
+            return
+        self._orders_done.add(order["orderId"])
+        try:
+            status, result = "DONE", host.faults.apply(order)
+        except ValueError as e:
+            status, result = "FAILED", str(e)
+        host.outbox.append({"orders": [{"orderId": order["orderId"], "status": status, "result": result}]})
+        self._schedule(host)
 
     def _seen_status(self, host: SimHost, status: str) -> None:
         if status == host.status:
@@ -255,17 +277,23 @@ class Emulator:
             conn.close()
 
     async def _send_batch(self, conn: Connection, host: SimHost) -> None:
-        """One report: task snapshots in order, with any health that was queued before them."""
-        batch, health, taken = [], {}, 0
+        """One report: task snapshots in order, with any health that was queued before them (or
+        one chaos result)."""
+        batch, health, orders, taken = [], {}, [], 0
         for item in host.outbox[:REPORT_BATCH]:
+            if "orders" in item:  # chaos results go alone
+                if taken:
+                    break
+                orders, taken = item["orders"], 1
+                break
             if "health" in item:
-                if batch:
-                    break  # health queued after a task snapshot goes in the next report
+                if batch or set(item["health"]) & set(health):
+                    break  # after a task snapshot, or a second change of one check: the next report
                 health.update(item["health"])
             else:
                 batch.append(item)
             taken += 1
-        body = {"updates": batch, **({"health": health} if health else {})}
+        body = {"updates": batch, **({"health": health} if health else {}), **({"orders": orders} if orders else {})}
         try:
             status, answer = await conn.request("POST", "/v1/agent/report", host.token, body)
         except HttpError as err:

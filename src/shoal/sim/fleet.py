@@ -63,11 +63,14 @@ class SimFleet:
     `poll_wait` is each host's long-poll wait (jittered down by up to 20%): it must stay below
     the server's --agent-timeout (default 30 s), or idle hosts are marked disconnected. 20 s
     suits the default; at thousands of hosts use 60 s with --agent-timeout 90.
+    `mps_probe_interval`: the modelled agents' MPS probe interval (a `shoal chaos mps --mode
+    hang` is reported after three of them; see shoal.sim.faults).
     """
 
     def __init__(self, server_url: str, join_token: str, cluster: str = "default",
                  specs: Sequence[HostSpec] = (), model: TaskModel | None = None, *, poll_wait: float = 20.0,
-                 heartbeat: float | None = None, concurrency: int = 64, prefix: str | None = None):
+                 heartbeat: float | None = None, concurrency: int = 64, prefix: str | None = None,
+                 mps_probe_interval: float = 5.0):
         if not 0 < poll_wait <= 60:
             raise ValueError("poll_wait: seconds, at most 60 (the server's longest long-poll)")
         self.model = model or TaskModel()
@@ -82,7 +85,8 @@ class SimFleet:
                     capacity_provider=spec.capacity_provider, attributes=dict(spec.attributes), model=self.model,
                     shape=(spec.vcpus, spec.memory_gib) if spec.vcpus is not None else None))
         self.emulator = Emulator(server_url, join_token, self.hosts, poll_wait=poll_wait, heartbeat=heartbeat,
-                                 concurrency=concurrency, seed=self.model.seed)
+                                 concurrency=concurrency, seed=self.model.seed,
+                                 mps_probe_interval=mps_probe_interval)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 

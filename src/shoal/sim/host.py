@@ -96,6 +96,7 @@ class SimHost:
         self.queued = False                  # in the emulator's report queue
         self.silenced = False                # stopped polling on purpose (a lost agent)
         self.poller: asyncio.Task | None = None
+        self.faults = None  # shoal.sim.faults.HostFaults, once a chaos order came
 
     # -- registration ------------------------------------------------------------------------
     def gpus(self) -> list[Gpu]:
@@ -164,9 +165,10 @@ class SimHost:
         now = time.time()
         task.timer = None
         task.times["pullStartedAt"] = task.times["pullStoppedAt"] = now
-        if task.outcome.fails_to_start:
+        refused = self.faults.gate(task) if self.faults is not None else None
+        if task.outcome.fails_to_start or refused:
             task.stop_code = "TaskFailedToStart"
-            task.stopped_reason = "CannotStartContainerError: simulated start failure"
+            task.stopped_reason = refused or "CannotStartContainerError: simulated start failure"
             self._finish(task)
             return
         task.status = "RUNNING"
@@ -182,6 +184,18 @@ class SimHost:
             essential = c.get("essential", True)
             task.exit_codes[c["name"]] = task.outcome.exit_code if essential else self.model.stop_exit_code
         task.stop_code, task.stopped_reason = "EssentialContainerExited", ESSENTIAL_EXITED
+        self._finish(task)
+
+    def fail(self, task: SimTask, stop_code: str, reason: str, exit_code: int = 1) -> None:
+        """The task's containers exit on their own (a fault made them): STOPPED with `reason`."""
+        if task.status == "STOPPED":
+            return
+        if task.timer is not None:
+            task.timer.cancel()
+            task.timer = None
+        for c in task.spec["containerDefinitions"]:
+            task.exit_codes[c["name"]] = exit_code if task.times.get("startedAt") else None
+        task.stop_code, task.stopped_reason = stop_code, reason
         self._finish(task)
 
     def _stop(self, task: SimTask) -> None:

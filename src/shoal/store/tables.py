@@ -116,6 +116,9 @@ container_instances = Table(
     # Moves (under the row lock, so in commit order) with every change of what the host's
     # agent should run; its long-poll asks for what changed since the value it last saw.
     Column("desired_seq", Integer, nullable=False, server_default="0"),
+    # The desired_seq of the host's latest chaos order (0: none ever): a poll looks for orders
+    # only when this is past its cursor.
+    Column("orders_seq", Integer, nullable=False, server_default="0"),
     UniqueConstraint("agent_token_hash", name="uq_container_instances_agent_token_hash"),
     Index("ix_container_instances_cluster_status", "cluster_name", "status"),
     Index("ix_container_instances_ec2", "ec2_instance_id"),
@@ -383,6 +386,24 @@ action_logs = Table(
     Column("daemon_name", String(255)),
     Index("ix_action_logs_cluster", "cluster_name", "id"),
     Index("ix_action_logs_daemon", "cluster_name", "daemon_name", "id"),
+)
+
+# Faults an operator asked a host's agent to inject (`shoal chaos`, shoal.control.chaos). An
+# order travels in the host's poll answers like a task: stamped with the host's desired_seq.
+# status: PENDING until the agent reports DONE or FAILED (`result` says what it did or why not).
+chaos_orders = Table(
+    "chaos_orders",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("cluster_name", String(255), nullable=False),
+    Column("host_arn", String(512), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("order_doc", Text, nullable=False),  # JSON: what to inject
+    Column("result", Text),
+    Column("requested_at", Float, nullable=False),
+    Column("done_at", Float),
+    Index("ix_chaos_orders_host", "host_arn", "seq"),
 )
 
 # Named shoal alarms, set through the API (shoal.control.alarms); daemon deployments watch them.

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 FAULT_STOP_CODE = CRASH_STOP_CODE = "EssentialContainerExited"  # its containers were made to exit
 RESTART_BACKOFF = 10.0
 RESTART_BACKOFF_MAX = 300.0
-FAULT_TASK_WAIT = 35.0  # how long the affected tasks get to stop before the server goes anyway
+FAULT_TASK_WAIT = 35.0
+GATE_RESTART_WAIT = 15.0  # at most a daemon stop (quit, TERM, KILL: ~7 s) and a start  # how long the affected tasks get to stop before the server goes anyway
 
 
 def fault_reason(uuid: str) -> str:
@@ -115,6 +116,11 @@ class MpsSupervisor:
             return f"MPS control daemon is not available on this instance for GPU {uuid}"
         if uuid in self._faulted:
             return f"{fault_reason(uuid)}; no new MPS clients until it has recovered"
+        # A restart decided while the daemon was down goes on even if the old daemon answers again
+        # meanwhile: a client let in now would lose its server with it. Wait for the new one.
+        deadline = time.monotonic() + GATE_RESTART_WAIT
+        while self.manager.restarting(g) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         result = await self.manager.gate(g)
         return None if result.ok else result.error
 

@@ -25,11 +25,18 @@ _READ = Prepared(select(cis.c.desired_seq).where(cis.c.arn == bindparam("host"))
 _STAMP = Prepared(update(tasks).where(tasks.c.arn == bindparam("task")).values(host_seq=bindparam("seq")))
 
 
+def advance(conn: Connection, host: str) -> int | None:
+    """Move the host's counter; its new value, or None if the host row is gone."""
+    if _ADVANCE.run(conn, {"host": host}) != 1:
+        return None
+    return _READ.first(conn, {"host": host}).desired_seq
+
+
 def record(conn: Connection, changes: dict[str, set[str]]) -> None:
     """Stamp the changed tasks of each host with the host's next sequence number. Hosts in
     ARN order, as placement locks them."""
     for host in sorted(changes):
-        if _ADVANCE.run(conn, {"host": host}) != 1:
+        seq = advance(conn, host)
+        if seq is None:
             continue  # the host row is gone: no agent will ask
-        seq = _READ.first(conn, {"host": host}).desired_seq
         _STAMP.run_many(conn, [{"task": task, "seq": seq} for task in sorted(changes[host])])

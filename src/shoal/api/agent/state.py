@@ -13,6 +13,7 @@ from shoal import jsonio
 from shoal.api.ecs.common import cluster_row
 from shoal.api.ecs.container_instances import HEALTH_CHECKS, emit_health_change, emit_instance_change, initial_health
 from shoal.api.operations import Context, dumps
+from shoal.control import chaos
 from shoal.domain import arns, health
 from shoal.domain.errors import AuthError, InvalidParameter
 from shoal.events import action_log
@@ -43,7 +44,8 @@ _PROVIDER_DAEMON = Prepared(select(daemon_cps.c.daemon_arn).where(
 _HOST_BY_TOKEN = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash")))
 _HOST_BY_TOKEN_FOR_UPDATE = Prepared(select(*_HOST_COLUMNS).where(cis.c.agent_token_hash == bindparam("token_hash"))
                                      .with_for_update())
-_HOST_STATUS = Prepared(select(cis.c.status, cis.c.desired_seq, cis.c.doc).where(cis.c.arn == bindparam("host")))
+_HOST_STATUS = Prepared(select(cis.c.status, cis.c.desired_seq, cis.c.orders_seq, cis.c.doc)
+                        .where(cis.c.arn == bindparam("host")))
 _TASKS_ON_HOST = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
     tasks.c.container_instance_arn == bindparam("host"), tasks.c.last_status != "STOPPED"))
 _TASKS_CHANGED = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
@@ -253,6 +255,9 @@ def desired_state(ctx: Context, host_arn: str, cursor: int | None = None) -> tup
             "stopCode": doc.get("stopCode"), "stoppedReason": doc.get("stoppedReason"), "seq": seq,
         })
     answer = {"status": host.status, "cursor": host.desired_seq, "full": full, "tasks": out}
+    orders = chaos.for_poll(ctx.conn, host_arn, host.orders_seq, None if full else cursor)
+    if orders:
+        answer["orders"] = orders
     return answer, bool(jsonio.loads(host.doc).get("agentConnected"))
 
 
@@ -424,6 +429,8 @@ def report(ctx: Context, token: str, body: dict) -> dict:
             raise InvalidParameter("Invalid parameter 'updates[]': expected an object.")
         state = apply_report(ctx, host, snapshot)
         results[state["taskArn"]] = state
+    if body.get("orders"):
+        chaos.acknowledge(ctx, host, body["orders"])
     if body.get("health"):
         if not isinstance(body["health"], dict):
             raise InvalidParameter("Invalid parameter 'health': expected an object of checks.")
