@@ -2,12 +2,16 @@
 
   POST /v1/agent/register   Authorization: Bearer <join token>    -> {containerInstanceArn, token}
   GET  /v1/agent/poll?since=<version>&cursor=<n>&wait=<seconds>   Bearer <host token>
-                                                      -> {version, status, cursor, full, tasks}
+                                                      -> {version, status, cursor, full, tasks[, orders]}
 
 `since` is the wake-up token of the previous answer: the poll waits until something changed.
 `cursor` is its data position: the answer then carries only the tasks whose desired state
 changed since (`full` false); without one, every task on the host that has not stopped.
-  POST /v1/agent/report     Bearer <host token>   {updates: [task snapshot, …], health: {…}}
+  POST /v1/agent/report     Bearer <host token>   {updates: [task snapshot, …], health: {…},
+                                                   orders: [{orderId, status, result}, …]}
+
+`orders` are `shoal chaos` orders for the host, pending until its agent reports their results
+(shoal.control.chaos).
 
 The join token is the cluster-joining secret; registering exchanges it for a credential of the
 host's own, which reaches that host's tasks and nothing else. Errors use the AWS JSON error
@@ -17,10 +21,9 @@ body, like the ECS API.
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import time
-
-import logging
 from urllib.parse import parse_qsl
 
 from shoal import jsonio
