@@ -62,7 +62,7 @@ def steady(rig: Rig, hosts: int) -> bool:
 
 def pipe_dir(rig: Rig, host: dict) -> Path:
     [gpu] = host["gpuDevices"]
-    return rig.data / "hosts" / host["ec2InstanceId"] / "mps" / gpu["gpuId"] / "pipe"
+    return rig.server_dir / "hosts" / host["ec2InstanceId"] / "mps" / gpu["gpuId"] / "pipe"
 
 
 def fault(rig: Rig, host: dict, kind: str) -> float:

@@ -26,32 +26,20 @@ import json
 import os
 import platform
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import boto3
-import httpx
 import numpy as np
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.config import Config
-from botocore.credentials import Credentials
 
-REGION, CLUSTER, INSTANCE_TYPE = "local", "fleet", "g6e.xlarge"
+from shoal.demo.rig import Rig
+
+CLUSTER, INSTANCE_TYPE = "fleet", "g6e.xlarge"
 
 
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def epoch(iso: str) -> float:
@@ -66,62 +54,6 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
             return value
         time.sleep(interval)
     raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
-
-
-class Rig:
-    def __init__(self, tmp: Path):
-        self.tmp, self.port = tmp, free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.data = tmp / "server"
-        exe = Path(sys.executable).with_name("shoal")
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "shoal.cli.main"]
-        self.server = subprocess.Popen([*cmd, "server", "--port", str(self.port), "--data-dir", str(self.data),
-                                        "--service-healthy-after", "1", "--scale-in-after", "3600"],
-                                       stdout=open(tmp / "server.log", "ab"), stderr=subprocess.STDOUT)
-        wait_for(self._ready, 60, "the server")
-        self.creds = json.loads((self.data / "credentials.json").read_text())
-        self.ecs = boto3.client("ecs", endpoint_url=self.endpoint, region_name=REGION,
-                                aws_access_key_id=self.creds["accessKeyId"],
-                                aws_secret_access_key=self.creds["secretAccessKey"],
-                                config=Config(retries={"max_attempts": 1}))
-        self.cursor: str | None = None
-
-    def _ready(self) -> bool:
-        if self.server.poll() is not None:
-            raise RuntimeError(f"the server exited: {(self.tmp / 'server.log').read_text()[-2000:]}")
-        try:
-            return httpx.get(self.endpoint + "/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def get(self, path: str, params: dict) -> dict:
-        url = str(httpx.URL(self.endpoint + path, params=params))
-        request = AWSRequest(method="GET", url=url)
-        SigV4Auth(Credentials(self.creds["accessKeyId"], self.creds["secretAccessKey"]), "ecs", REGION).add_auth(request)
-        return httpx.get(url, headers=dict(request.headers.items()), timeout=30).raise_for_status().json()
-
-    def events(self) -> list[dict]:
-        """Events since the last call."""
-        found = []
-        while True:
-            page = self.get("/v1/events", {"limit": 1000, **({"after": self.cursor} if self.cursor else {})})
-            if not page["events"]:
-                return found
-            found += page["events"]
-            self.cursor = page["cursor"]
-
-    def stop(self) -> None:
-        self.server.terminate()
-        try:
-            self.server.wait(20)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
-        # Hosts (agents), their shims and workloads, MPS control daemons: all outlive the server.
-        for pid_file in [*self.data.rglob("*.pid"), *self.data.rglob("pid")]:
-            try:
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
 
 
 def managed_cluster(ecs, provider: str, hosts: int, instance_type: str) -> None:
@@ -180,7 +112,7 @@ def one_run(rig: Rig, hosts: int) -> dict:
     on_it = tasks_on(rig, victim["containerInstanceArn"])
     [daemon] = [t for t in on_it if t["group"] == "daemon:agentd"]
     moved = [t for t in on_it if t["group"] != "daemon:agentd" and t["lastStatus"] == "RUNNING"]
-    pid_file = next((rig.data / "hosts" / victim["ec2InstanceId"] / "tasks" / daemon["taskArn"].rsplit("/", 1)[1])
+    pid_file = next((rig.server_dir / "hosts" / victim["ec2InstanceId"] / "tasks" / daemon["taskArn"].rsplit("/", 1)[1])
                     .glob("*/pid"))
     before = {h["containerInstanceArn"] for h in active_hosts(rig)}
     rig.events()  # the cursor moves to now

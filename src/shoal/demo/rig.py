@@ -1,7 +1,8 @@
-"""The demo's machinery: a real `shoal server` (SQLite, local provisioner) in a data dir of its
-own, the operator's self-managed host (a `shoal agent --simulate` launched the same way the
-provisioner launches managed ones), and the clients a user would hold: boto3 for the ECS API,
-signed REST calls for events, the action log and chaos orders.
+"""A local rig for the demo and the recovery benchmarks (benchmarks/repair.py, mps_recovery.py):
+a real `shoal server` (SQLite, local provisioner) in a data dir of its own, the operator's
+self-managed host (a `shoal agent --simulate` launched the same way the provisioner launches
+managed ones), and the clients a user would hold: boto3 for the ECS API, signed REST calls for
+events, the action log and chaos orders.
 
 Every process it starts is ended by `stop()`: the server, each host's agent, its workloads and
 its MPS daemons (the local provisioner's terminate: the machine vanishes).
@@ -43,13 +44,15 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
 
 
 class Rig:
-    def __init__(self, data_dir: Path, probe_interval: float):
+    def __init__(self, data_dir: Path, probe_interval: float | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        server_dir = self.data_dir / "server"
+        self.server_dir = server_dir = self.data_dir / "server"  # its hosts: server_dir / "hosts" / <id>
         # Every agent (the provisioner's and the operator's) inherits the probe interval.
-        env = {**os.environ, "SHOAL_MPS_PROBE_INTERVAL": f"{probe_interval:g}"}
+        env = dict(os.environ)
+        if probe_interval is not None:
+            env["SHOAL_MPS_PROBE_INTERVAL"] = f"{probe_interval:g}"
         self.server = subprocess.Popen(
             [sys.executable, "-m", "shoal", "server", "--port", str(self.port), "--data-dir", str(server_dir),
              "--service-healthy-after", "1", "--scale-in-after", "3600"],
@@ -65,7 +68,7 @@ class Rig:
         from botocore.config import Config
 
         self.ecs = boto3.client("ecs", endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=self.key_id,
-                                aws_secret_access_key=self.secret, config=Config(retries={"max_attempts": 3}))
+                                aws_secret_access_key=self.secret, config=Config(retries={"max_attempts": 1}))
         self._cursor: str | None = None
 
     def _ready(self) -> bool:
