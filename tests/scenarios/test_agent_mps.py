@@ -33,11 +33,12 @@ pytestmark = pytest.mark.skipif(not os.access(FAKE, os.X_OK), reason=f"{FAKE} is
 class Host:
     """One agent with fake GPUs, alone in a cluster of its own."""
 
-    def __init__(self, server, ecs, root: Path, name: str, gpus: int, *args: str):
+    def __init__(self, server, ecs, root: Path, name: str, gpus: int, *args: str,
+                 model: str = "NVIDIA H100", memory_mib: int = 81920):
         self.ecs, self.server, self.cluster = ecs, server, name
         ecs.create_cluster(clusterName=name)
         spec = root / f"{name}-gpus.json"
-        spec.write_text(json.dumps({"model": "NVIDIA H100", "count": gpus, "memoryMiB": 81920}))
+        spec.write_text(json.dumps({"model": model, "count": gpus, "memoryMiB": memory_mib}))
         self.agent = AgentProcess(server, root / name, ("--fake-gpus", str(spec), *args), cluster=name)
         self.tasks: list[str] = []
 

@@ -9,7 +9,6 @@ with hosts registered by the test itself is tests/integration/test_placement.py.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from datetime import datetime
@@ -35,10 +34,8 @@ PROBE = "get_default_active_thread_percentage"
 def acceptance_host(server, ecs, tmp_path_factory):
     """One agent, one fake A10G-sized GPU (24576 MiB) with MPS, probed every second."""
     root = tmp_path_factory.mktemp("mps-acceptance")
-    host = Host(server, ecs, root, "mps-acceptance", 1, "--mps-probe-interval", str(INTERVAL))
-    spec = root / "one-24gib-gpu.json"  # Host's own spec is 80 GiB GPUs
-    spec.write_text(json.dumps({"model": "NVIDIA A10G", "count": 1, "memoryMiB": GPU_MIB}))
-    host.agent.extra_args = ("--fake-gpus", str(spec), "--mps-probe-interval", str(INTERVAL))
+    host = Host(server, ecs, root, "mps-acceptance", 1, "--mps-probe-interval", str(INTERVAL),
+                model="NVIDIA A10G", memory_mib=GPU_MIB)
     try:
         yield host.start()
     finally:

@@ -127,16 +127,9 @@ class Rig:
     # -- hosts -------------------------------------------------------------------------------------
     def operator_host(self, instance_type: str, cluster: str, provider: str) -> str:
         """A self-managed host: the operator starts its agent; shoal never launches or replaces it."""
-        provisioner = LocalProvisioner(self.data_dir / "operator")
+        provisioner = LocalProvisioner(self.data_dir / "operator", env=self._env)
         self.provisioners.append(provisioner)
-        saved = dict(os.environ)
-        os.environ.update(self._env)  # the provisioner passes this process's environment on
-        try:
-            [host] = provisioner.launch(LaunchRequest(instance_type, 1, cluster, provider, self.endpoint,
-                                                      self.join_token))
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        [host] = provisioner.launch(LaunchRequest(instance_type, 1, cluster, provider, self.endpoint, self.join_token))
         return host.host_id
 
     def stop(self) -> None:

@@ -47,10 +47,11 @@ class LocalProvisioner:
     name = "local"
 
     def __init__(self, root: Path, agent_command: list[str] | None = None,
-                 stop_timeout: float = STOP_TIMEOUT):
+                 stop_timeout: float = STOP_TIMEOUT, env: dict[str, str] | None = None):
         self.root = Path(root).resolve()
         self.agent_command = list(agent_command or [sys.executable, "-m", "shoal", "agent"])
         self.stop_timeout = stop_timeout  # how long an agent gets to exit on SIGTERM before SIGKILL
+        self.env = env  # the agents' environment (default: this process's)
 
     def launch(self, request: LaunchRequest) -> list[Host]:
         """Start `request.count` agents. If one cannot be started, the ones already started are
@@ -81,7 +82,7 @@ class LocalProvisioner:
                 "--capacity-provider", request.capacity_provider, "--data-dir", str(hdir),
                 "--host-id", host_id, "--instance-type", request.instance_type, "--simulate"]
         # The token goes in the environment: a command line is readable by every user on the host.
-        env = {**os.environ, "SHOAL_JOIN_TOKEN": request.join_token}
+        env = {**(os.environ if self.env is None else self.env), "SHOAL_JOIN_TOKEN": request.join_token}
         with open(hdir / AGENT_LOG, "ab") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=hdir,
                                     env=env, start_new_session=True, close_fds=True)
