@@ -51,16 +51,18 @@ class Prepared:
         finally:
             cursor.close()
 
-    def run_many(self, conn: Connection, rows: list[dict]) -> None:
-        """Execute once per parameter set (the DBAPI's executemany); every set has the same keys."""
+    def run_many(self, conn: Connection, rows: list[dict]) -> int:
+        """Execute once per parameter set (the DBAPI's executemany); every set has the same keys.
+        Return the number of rows affected, all sets together."""
         if not rows:
-            return
+            return 0
         sql, positions, literals = self._compile(conn, tuple(sorted(rows[0])))
         args = [tuple({**literals, **row}[name] for name in positions) if positions else {**literals, **row}
                 for row in rows]
         cursor = conn.connection.dbapi_connection.cursor()
         try:
             cursor.executemany(sql, args)
+            return cursor.rowcount
         finally:
             cursor.close()
 

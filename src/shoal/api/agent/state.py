@@ -17,8 +17,8 @@ from shoal.control import chaos
 from shoal.domain import arns, health
 from shoal.domain.errors import AuthError, InvalidParameter
 from shoal.events import action_log
-from shoal.events.changes import emit_task_change
-from shoal.events.envelope import iso
+from shoal.events.changes import task_change_detail
+from shoal.events.envelope import TASK_STATE_CHANGE, iso
 from shoal.scheduler.placement import host_changed, release, task_definition
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared
@@ -50,9 +50,18 @@ _TASKS_ON_HOST = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
     tasks.c.container_instance_arn == bindparam("host"), tasks.c.last_status != "STOPPED"))
 _TASKS_CHANGED = Prepared(select(tasks.c.doc, tasks.c.host_seq).where(
     tasks.c.container_instance_arn == bindparam("host"), tasks.c.host_seq > bindparam("cursor")))
-_TASK_FOR_UPDATE = Prepared(select(tasks.c.arn, tasks.c.version, tasks.c.container_instance_arn, tasks.c.cluster_name,
-                                   tasks.c.service_name, tasks.c.last_status, tasks.c.desired_status, tasks.c.doc)
-                            .where(tasks.c.arn == bindparam("task")).with_for_update())
+_REPORT_CHUNK = 50  # tasks read by one statement
+_TASKS_FOR_UPDATE: dict[int, Prepared] = {}  # by the number of tasks
+
+
+def _tasks_for_update(n: int) -> Prepared:
+    found = _TASKS_FOR_UPDATE.get(n)
+    if found is None:
+        found = _TASKS_FOR_UPDATE[n] = Prepared(
+            select(tasks.c.arn, tasks.c.version, tasks.c.container_instance_arn, tasks.c.cluster_name,
+                   tasks.c.service_name, tasks.c.last_status, tasks.c.desired_status, tasks.c.doc)
+            .where(tasks.c.arn.in_([bindparam(f"t{i}") for i in range(n)])).with_for_update())
+    return found
 
 
 def _write_task(statuses: tuple[str, ...]) -> Prepared:
@@ -285,66 +294,95 @@ def _container_snapshots(containers) -> dict[str, dict]:
     return reported
 
 
-def _state(doc: dict) -> str:
+def _without_health(doc: dict) -> dict:
     """The task document without its health: what a task state change is made of."""
-    return jsonio.dumps({**doc, "healthStatus": None,
-                       "containers": [{**c, "healthStatus": None} for c in doc["containers"]]}, sort_keys=True)
+    return {**doc, "healthStatus": None, "containers": [{**c, "healthStatus": None} for c in doc["containers"]]}
 
 
-def apply_report(ctx: Context, host, update: dict) -> dict | None:
-    """Apply one task snapshot from the host's agent; return the task's state after it.
+class _ReportedTasks:
+    """The tasks one report names: their rows read together (locked), each snapshot applied in
+    order to the document in memory, then each changed task written once and the events written
+    in one statement. A report of a dozen tasks costs a few statements, not a few dozen."""
 
-    Snapshots arrive in the order the agent saw the transitions; each one that changes the task
-    moves its version and writes one "ECS Task State Change" event."""
-    arn = update.get("taskArn")
-    if not isinstance(arn, str) or not arn:
-        raise InvalidParameter("Invalid parameter 'updates[].taskArn': required, the task's ARN.")
-    row = _TASK_FOR_UPDATE.first(ctx.conn, {"task": arn})
-    if row is None or row.container_instance_arn != host.arn:
-        raise _denied(f"Task '{arn}' is not on this host: a host's credential reaches its own tasks only.")
-    doc = jsonio.loads(row.doc)
-    if doc["lastStatus"] == "STOPPED":
-        return {"taskArn": row.arn, "lastStatus": "STOPPED", "desiredStatus": "STOPPED", "version": doc["version"]}
-    status = update.get("lastStatus", doc["lastStatus"])
-    if status not in TASK_ORDER:
-        raise InvalidParameter(f"Invalid parameter 'updates[].lastStatus': unknown task status {status!r}.")
-    before, state_before = jsonio.dumps(doc, sort_keys=True), _state(doc)
-    if TASK_ORDER.index(status) > TASK_ORDER.index(doc["lastStatus"]):
-        doc["lastStatus"] = status
-    reported = _container_snapshots(update.get("containers", []))
-    doc["containers"] = [_merge_container(c, reported[c["name"]]) if c["name"] in reported else c
-                         for c in doc["containers"]]
-    for key in TASK_TIMES:
-        if update.get(key) is not None and key not in doc:
-            doc[key] = update[key]
-    if doc["lastStatus"] in ("STOPPING", "STOPPED") and doc["desiredStatus"] != "STOPPED":
-        # The task stops on its own (an essential container exited): that is now what is wanted.
-        doc["desiredStatus"] = "STOPPED"
-        doc.setdefault("stoppingAt", update.get("stoppingAt") or ctx.now)
-    if doc["desiredStatus"] == "STOPPED" and "stopCode" not in doc and update.get("stopCode"):
-        doc["stopCode"] = update["stopCode"]  # a stop the user asked for keeps UserInitiated
-        doc["stoppedReason"] = str(update.get("stoppedReason") or "")[:1024]
-    if update.get("healthStatus") in ("HEALTHY", "UNHEALTHY", "UNKNOWN"):
-        doc["healthStatus"] = update["healthStatus"]
-    if jsonio.dumps(doc, sort_keys=True) != before:
-        # Health alone is not a state change (task events carry no health): no new version, no event.
-        state_changed = _state(doc) != state_before
-        if state_changed:
-            doc["version"] += 1
-        statuses = {"last_status": doc["lastStatus"], "desired_status": doc["desiredStatus"]}
-        changed = tuple(column for column in statuses if statuses[column] != getattr(row, column))
-        if _WRITE_TASK[changed].run(ctx.conn, {"task": row.arn, "expected": row.version, "next_version": row.version + 1,
-                                               "new_doc": dumps(doc),
-                                               **{f"new_{column}": statuses[column] for column in changed}}) != 1:
-            raise StaleWrite(f"task {row.arn} changed concurrently")
-        if state_changed:
-            emit_task_change(ctx, doc)
-        elif row.service_name:  # health alone decides whether a service task counts as healthy
-            ctx.dirty_services.add((row.cluster_name, row.service_name))
+    def __init__(self, ctx: Context, host, updates: list):
+        self.ctx, self.host = ctx, host
+        names = list(dict.fromkeys(u["taskArn"] for u in updates if isinstance(u, dict)
+                                   and isinstance(u.get("taskArn"), str)))
+        self.rows = {}
+        for start in range(0, len(names), _REPORT_CHUNK):
+            chunk = names[start:start + _REPORT_CHUNK]
+            self.rows.update((row.arn, row) for row in _tasks_for_update(len(chunk)).all(
+                ctx.conn, {f"t{i}": arn for i, arn in enumerate(chunk)}))
+        self.docs: dict[str, dict] = {}  # task ARN -> its document as the snapshots so far leave it
+        self.moved: set[str] = set()  # tasks whose state changed (not only their health)
+        self.events: list[tuple[list[str], dict]] = []
+
+    def apply(self, update: dict) -> dict:
+        """Apply one task snapshot from the host's agent; return the task's state after it.
+
+        Snapshots arrive in the order the agent saw the transitions; each one that changes the
+        task's state moves its version and makes one "ECS Task State Change" event."""
+        arn = update.get("taskArn")
+        if not isinstance(arn, str) or not arn:
+            raise InvalidParameter("Invalid parameter 'updates[].taskArn': required, the task's ARN.")
+        row = self.rows.get(arn)
+        if row is None or row.container_instance_arn != self.host.arn:
+            raise _denied(f"Task '{arn}' is not on this host: a host's credential reaches its own tasks only.")
+        doc = self.docs.get(arn) or jsonio.loads(row.doc)
         if doc["lastStatus"] == "STOPPED":
-            release(ctx, host.arn, row.arn)
-    return {"taskArn": row.arn, "lastStatus": doc["lastStatus"], "desiredStatus": doc["desiredStatus"],
-            "version": doc["version"]}
+            return {"taskArn": arn, "lastStatus": "STOPPED", "desiredStatus": "STOPPED", "version": doc["version"]}
+        status = update.get("lastStatus", doc["lastStatus"])
+        if status not in TASK_ORDER:
+            raise InvalidParameter(f"Invalid parameter 'updates[].lastStatus': unknown task status {status!r}.")
+        before = dict(doc)  # what follows replaces the fields it changes (containers too), never mutates them
+        if TASK_ORDER.index(status) > TASK_ORDER.index(doc["lastStatus"]):
+            doc["lastStatus"] = status
+        reported = _container_snapshots(update.get("containers", []))
+        doc["containers"] = [_merge_container(c, reported[c["name"]]) if c["name"] in reported else c
+                             for c in doc["containers"]]
+        for key in TASK_TIMES:
+            if update.get(key) is not None and key not in doc:
+                doc[key] = update[key]
+        if doc["lastStatus"] in ("STOPPING", "STOPPED") and doc["desiredStatus"] != "STOPPED":
+            # The task stops on its own (an essential container exited): that is now what is wanted.
+            doc["desiredStatus"] = "STOPPED"
+            doc.setdefault("stoppingAt", update.get("stoppingAt") or self.ctx.now)
+        if doc["desiredStatus"] == "STOPPED" and "stopCode" not in doc and update.get("stopCode"):
+            doc["stopCode"] = update["stopCode"]  # a stop the user asked for keeps UserInitiated
+            doc["stoppedReason"] = str(update.get("stoppedReason") or "")[:1024]
+        if update.get("healthStatus") in ("HEALTHY", "UNHEALTHY", "UNKNOWN"):
+            doc["healthStatus"] = update["healthStatus"]
+        if doc != before:
+            self.docs[arn] = doc
+            # Health alone is not a state change (task events carry no health): no new version, no event.
+            if _without_health(doc) != _without_health(before):
+                doc["version"] += 1
+                self.moved.add(arn)
+                self.events.append(([arn], task_change_detail(self.ctx, doc)))
+        return {"taskArn": arn, "lastStatus": doc["lastStatus"], "desiredStatus": doc["desiredStatus"],
+                "version": doc["version"]}
+
+    def write(self) -> None:
+        """Each changed task once (one statement per set of status columns that moved), then the
+        events, then what stopped tasks held on the host."""
+        writes: dict[tuple[str, ...], list[dict]] = {}
+        for arn, doc in self.docs.items():
+            row = self.rows[arn]
+            statuses = {"last_status": doc["lastStatus"], "desired_status": doc["desiredStatus"]}
+            changed = tuple(column for column in statuses if statuses[column] != getattr(row, column))
+            writes.setdefault(changed, []).append({
+                "task": arn, "expected": row.version, "next_version": row.version + 1, "new_doc": dumps(doc),
+                **{f"new_{column}": statuses[column] for column in changed}})
+            if arn not in self.moved and row.service_name:  # health alone decides whether it counts as healthy
+                self.ctx.dirty_services.add((row.cluster_name, row.service_name))
+        for changed, params in writes.items():
+            if _WRITE_TASK[changed].run_many(self.ctx.conn, params) != len(params):
+                raise StaleWrite(f"a task of {self.host.arn} changed concurrently")
+        if self.events:
+            self.ctx.emit_many(TASK_STATE_CHANGE, self.events)
+        for arn, doc in self.docs.items():
+            if doc["lastStatus"] == "STOPPED":
+                release(self.ctx, self.host.arn, arn)
 
 
 def _impaired_gpus(doc: dict, check: dict) -> None:
@@ -423,12 +461,13 @@ def report(ctx: Context, token: str, body: dict) -> dict:
     updates = body.get("updates") or []
     if not isinstance(updates, list):
         raise InvalidParameter("Invalid parameter 'updates': expected a list of task snapshots.")
-    results = {}
+    results, reported = {}, _ReportedTasks(ctx, host, updates)
     for snapshot in updates:
         if not isinstance(snapshot, dict):
             raise InvalidParameter("Invalid parameter 'updates[]': expected an object.")
-        state = apply_report(ctx, host, snapshot)
+        state = reported.apply(snapshot)
         results[state["taskArn"]] = state
+    reported.write()
     if body.get("orders"):
         chaos.acknowledge(ctx, host, body["orders"])
     if body.get("health"):
