@@ -231,13 +231,17 @@ class Placer:
                 else:
                     table.upsert(host_info(row))
                 raise StaleWrite(f"container instance {arn} changed under placement: {problem}")
-        doc, allocations = jsonio.loads(row.doc), jsonio.loads(row.allocations)
-        allocations.update(new)
+        in_step = slot is not None and row.version == table.hosts[slot].version
+        if in_step:  # the table's copy is the row's plus these decisions: no need to parse the row's
+            allocations = table.hosts[slot].allocations
+        else:
+            allocations = jsonio.loads(row.allocations)
+            allocations.update(new)
         seq = row.desired_seq + 1 if unwritten else None
-        version = write_allocations(self.ctx, row, doc, allocations, desired_seq=seq)
+        version = write_allocations(self.ctx, row, jsonio.loads(row.doc), allocations, desired_seq=seq)
         for task_arn in new:
             self.ctx.tell_agent(arn, None if unwritten else task_arn)
-        if slot is not None and row.version == table.hosts[slot].version:
+        if in_step:
             table.hosts[slot].version = version  # the table already holds these decisions
         else:  # take the host as it now is
             host = host_info(row)

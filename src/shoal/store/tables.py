@@ -120,7 +120,9 @@ container_instances = Table(
     # only when this is past its cursor.
     Column("orders_seq", Integer, nullable=False, server_default="0"),
     UniqueConstraint("agent_token_hash", name="uq_container_instances_agent_token_hash"),
-    Index("ix_container_instances_cluster_status", "cluster_name", "status"),
+    # With the ARN and version: placement compares every host's version with its table
+    # (shoal.scheduler.placement) from this index alone, not from the rows and their documents.
+    Index("ix_container_instances_cluster_status", "cluster_name", "status", "arn", "version"),
     Index("ix_container_instances_ec2", "ec2_instance_id"),
 )
 
