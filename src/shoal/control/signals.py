@@ -31,16 +31,18 @@ class HostSignals:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def wait(self, host_arn: str, since: str | None, timeout: float) -> None:
-        """Return when the host's token differs from `since`, or after `timeout` seconds."""
+    async def wait(self, host_arn: str, since: str | None, timeout: float) -> bool:
+        """Return when the host's token differs from `since`, or after `timeout` seconds; True if
+        a change came while waiting (not one that was there already, nor a timeout)."""
         if since != self.token(host_arn):
-            return
+            return False
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(host_arn, set()).add(waiter)
         try:
             await asyncio.wait_for(waiter, timeout)
+            return True
         except asyncio.TimeoutError:
-            pass
+            return False
         finally:
             waiting = self._waiters.get(host_arn)
             if waiting is not None:

@@ -20,6 +20,7 @@ body, like the ECS API.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import secrets
@@ -36,6 +37,11 @@ from shoal.store.db import Store
 log = logging.getLogger(__name__)
 
 MAX_WAIT = 60.0
+# A long-poll woken by a change answers this many seconds later, with whatever else changed on
+# the host meanwhile: a host given tasks by several calls in quick succession (binpack fills one
+# host at a time) gets them in one answer, starts them together and reports them in one report,
+# rather than one poll and one report per call. Task start latency grows by as much.
+COALESCE_S = 0.02
 MAX_BODY = 4 * 1024 * 1024
 
 
@@ -154,7 +160,8 @@ class AgentProtocol:
         self.last_seen[host_arn] = time.monotonic()
         since = request.query_params.get("since")
         waits = since == self.hub.signals.token(host_arn)
-        await self.hub.signals.wait(host_arn, since, wait)
+        if await self.hub.signals.wait(host_arn, since, wait) and COALESCE_S:
+            await asyncio.sleep(COALESCE_S)
         # Read the token before the state: a change committed in between makes the next poll
         # return at once instead of being missed.
         version = self.hub.signals.token(host_arn)
