@@ -508,6 +508,14 @@ def test_bad_poll_parameters(server, ecs, unique):
     assert "'cursor'" in message
 
 
+def test_a_wrong_method_is_refused_with_the_allowed_one_and_an_unknown_path_is_not_found(server):
+    for method, path, allowed in (("POST", "poll", "GET"), ("GET", "report", "POST"), ("GET", "register", "POST")):
+        r = call(server, method, f"/v1/agent/{path}", None)
+        assert (r.status_code, r.headers.get("allow")) == (405, allowed)
+    r = call(server, "GET", "/v1/agent/nothing", None)
+    assert (r.status_code, r.headers.get("allow")) == (404, None)
+
+
 def test_a_poll_with_a_cursor_gets_only_what_changed_since(server, ecs, unique):
     cluster, _ = make_cluster(ecs, unique)
     host_arn, token = register_host(server, cluster)

@@ -83,6 +83,8 @@ class AgentProtocol:
         self._in_service: dict[str, tuple[str, float]] = {}
         self.trust_s = hub.agent_timeout / 2
         self._prune_above = 1000
+        self._endpoints = {"register": ("POST", self.register), "poll": ("GET", self.poll),
+                           "report": ("POST", self.report)}
 
     PREFIX = "/v1/agent/"
 
@@ -90,12 +92,12 @@ class AgentProtocol:
         """ASGI entry for every path under PREFIX. Raw ASGI rather than framework routes, as
         for the ECS API: every poll and every report comes through here, and a framework's
         routing and middleware cost as much as a poll's own work."""
-        handler = {("POST", "register"): self.register, ("GET", "poll"): self.poll,
-                   ("POST", "report"): self.report}.get((scope["method"], scope["path"][len(self.PREFIX):]))
+        method, handler = self._endpoints.get(scope["path"][len(self.PREFIX):], (None, None))
         if handler is None:
-            known = scope["path"][len(self.PREFIX):] in ("register", "poll", "report")
-            status, payload = (405, b"Method Not Allowed") if known else (404, b"Not Found")
-            await _send(send, status, payload, b"text/plain; charset=utf-8")
+            await _send(send, 404, b"Not Found", b"text/plain; charset=utf-8")
+            return
+        if scope["method"] != method:
+            await _send(send, 405, b"Method Not Allowed", b"text/plain; charset=utf-8", [(b"allow", method.encode())])
             return
         try:
             status, payload = 200, jsonio.dumpb(await handler(Call(scope, receive)))
@@ -194,7 +196,8 @@ class AgentProtocol:
         return result
 
 
-async def _send(send, status: int, payload: bytes, content_type: bytes = b"application/json") -> None:
+async def _send(send, status: int, payload: bytes, content_type: bytes = b"application/json",
+                headers: list[tuple[bytes, bytes]] = ()) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", content_type), (b"content-length", str(len(payload)).encode())]})
+        (b"content-type", content_type), (b"content-length", str(len(payload)).encode()), *headers]})
     await send({"type": "http.response.body", "body": payload})
