@@ -118,6 +118,6 @@ def new_id() -> str:
 
 
 def new_uuid() -> str:
-    """A random UUID in its 8-4-4-4-12 form (an event's ID)."""
+    """A time-ordered UUID in its 8-4-4-4-12 form (an event's ID)."""
     h = new_id()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
