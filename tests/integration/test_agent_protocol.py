@@ -429,6 +429,31 @@ def test_reports_never_move_a_task_backwards(server, ecs, unique):
     assert describe_task(ecs, cluster, arn)["version"] == stopped["version"]
 
 
+def test_one_report_of_several_tasks_counts_each_snapshot_in_order(server, ecs, unique):
+    """A report is applied as its snapshots one by one: each state change of a task moves its
+    version and makes one event, in the report's order; a health-only change makes none."""
+    cluster, _ = make_cluster(ecs, unique)
+    host_arn, token = register_host(server, cluster)
+    td = family(ecs, unique)
+    a, b, c = (start_on(ecs, cluster, td, host_arn) for _ in range(3))
+    position = cursor(server)
+    resp = report(server, token, [snapshot(a["taskArn"], "ACTIVATING"), snapshot(b["taskArn"], "RUNNING"),
+                                  snapshot(a["taskArn"], "RUNNING"), snapshot(a["taskArn"], "RUNNING"),
+                                  snapshot(c["taskArn"], "PENDING", healthStatus="HEALTHY")])
+    assert resp.status_code == 200, resp.text
+    states = {t["taskArn"]: (t["lastStatus"], t["version"]) for t in resp.json()["tasks"]}
+    assert states == {a["taskArn"]: ("RUNNING", a["version"] + 2), b["taskArn"]: ("RUNNING", b["version"] + 1),
+                      c["taskArn"]: ("PENDING", c["version"])}
+    changes = [(e["resources"][0], e["detail"]["lastStatus"], e["detail"]["version"])
+               for e in events_since(server, position, kind=TASK_CHANGE)]
+    assert changes == [(a["taskArn"], "ACTIVATING", a["version"] + 1), (b["taskArn"], "RUNNING", b["version"] + 1),
+                       (a["taskArn"], "RUNNING", a["version"] + 2)]
+    for task, (status, version) in ((a, states[a["taskArn"]]), (b, states[b["taskArn"]])):
+        now = describe_task(ecs, cluster, task["taskArn"])
+        assert (now["lastStatus"], now["version"], now["containers"][0]["lastStatus"]) == (status, version, "RUNNING")
+    assert describe_task(ecs, cluster, c["taskArn"])["healthStatus"] == "HEALTHY"
+
+
 # --- long-poll ---------------------------------------------------------------------------------------------
 
 class PendingPoll:
