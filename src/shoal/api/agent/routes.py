@@ -162,7 +162,7 @@ class AgentProtocol:
         self.last_seen[host_arn] = time.monotonic()
         since = request.query_params.get("since")
         waits = since == self.hub.signals.token(host_arn)
-        if await self.hub.signals.wait(host_arn, since, wait) and COALESCE_S:
+        if await self.hub.signals.wait(host_arn, since, wait):  # woken by a change: gather what follows it
             await asyncio.sleep(COALESCE_S)
         # Read the token before the state: a change committed in between makes the next poll
         # return at once instead of being missed.
