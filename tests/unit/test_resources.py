@@ -13,7 +13,7 @@ import pytest
 from shoal.domain import task_definitions
 from shoal.domain.tasks import new_task
 from shoal.scheduler.resources import (ALL_GPUS, DEDICATED, IDLE, MPS, Demand, HostCapacity, allocation, demand,
-                                       gpu_devices, remaining_resources)
+                                       gpu_devices, remaining_resources, usage)
 
 GPU_A, GPU_B = "GPU-aaaaaaaa", "GPU-bbbbbbbb"
 MPS_ATTRIBUTE = "ecs.capability.gpu-sharing-mps"
@@ -262,7 +262,7 @@ def test_gpu_devices_modes_counts_and_memory():
         "t2": allocation(Demand(cpu=0, memory=0), {GPU_B: {"mode": "mps", "containers": 2, "memory": 8192}}),
         "t3": allocation(Demand(cpu=0, memory=0), {GPU_B: {"mode": "mps", "containers": 1, "memory": 4096}}),
     }
-    out = {d["gpuId"]: d for d in gpu_devices(devices, allocations)}
+    out = {d["gpuId"]: d for d in gpu_devices(devices, usage(allocations))}
     assert out[GPU_A] == {"gpuId": GPU_A, "totalMemoryInMiB": 24576, "sharingMode": DEDICATED,
                           "containerCount": 1, "remainingMemoryInMiB": 0}
     assert out[GPU_B] == {"gpuId": GPU_B, "totalMemoryInMiB": 24576, "sharingMode": MPS,
@@ -281,7 +281,7 @@ def test_remaining_resources_subtract_cpu_memory_add_ports_and_drop_gpus():
                          {GPU_A: {"mode": "whole", "containers": 1}}),
         "t2": allocation(Demand(cpu=512, memory=512, ports=("9000", "100")), {}),
     }
-    left = remaining_resources(reg, allocations)
+    left = remaining_resources(reg, usage(allocations))
     assert [r["name"] for r in left] == [r["name"] for r in reg]
     assert value(left, "CPU") == 4096 - 1536
     assert value(left, "MEMORY") == 8192 - 2560

@@ -28,7 +28,7 @@ from shoal.domain.tasks import PENDING_STATES
 from shoal.events.changes import emit_task_change
 from shoal.scheduler.engine import Decision, HostTable, Plan
 from shoal.scheduler.hosts import MAX_MPS_CLIENTS, HostInfo
-from shoal.scheduler.resources import HostCapacity, demand, overbooked
+from shoal.scheduler.resources import demand, gpu_devices, overbooked, remaining_resources, usage
 from shoal.store.db import StaleWrite, update_versioned
 from shoal.store.prepared import Prepared
 from shoal.store.tables import container_instances as cis, daemon_task_definitions, task_definitions, tasks
@@ -267,9 +267,9 @@ def _unusable(row, new: dict[str, dict], *, connected_required: bool, any_status
 def write_allocations(ctx: Context, row, doc: dict, allocations: dict, *, desired_seq: int | None = None) -> int:
     """Write the host's allocations (and its desired-state sequence, if given); return its new
     version."""
-    capacity = HostCapacity(row.arn, doc["registeredResources"], doc.get("gpuDevices", []), allocations)
-    doc["remainingResources"] = capacity.remaining()
-    doc["gpuDevices"] = capacity.devices_now()
+    used = usage(allocations)
+    doc["remainingResources"] = remaining_resources(doc["registeredResources"], used)
+    doc["gpuDevices"] = gpu_devices(doc.get("gpuDevices", []), used)
     values = {"host": row.arn, "expected": row.version, "next_version": row.version + 1,
               "new_allocations": dumps(allocations), "new_doc": dumps(doc)}
     if desired_seq is None:

@@ -75,37 +75,64 @@ def _resource(registered: list[dict], name: str, default):
     return default
 
 
-def remaining_resources(registered: list[dict], allocations: dict[str, dict]) -> list[dict]:
-    allocs = allocations.values()
+@dataclass
+class Usage:
+    """What a host's allocations take together, summed in one pass over them (a full host holds
+    a hundred or more: one pass rather than one per resource and per GPU)."""
+
+    cpu: int = 0
+    memory: int = 0
+    ports: set[str] = field(default_factory=set)
+    udp_ports: set[str] = field(default_factory=set)
+    gpus: dict[str, list[dict]] = field(default_factory=dict)  # GPU UUID -> its uses, in allocation order
+
+
+def usage(allocations: dict[str, dict]) -> Usage:
+    cpu = memory = 0
+    ports, udp_ports, gpus = set(), set(), {}
+    for a in allocations.values():
+        cpu += a["cpu"]
+        memory += a["memory"]
+        if a["ports"]:
+            ports.update(a["ports"])
+        if a["udpPorts"]:
+            udp_ports.update(a["udpPorts"])
+        for uuid, use in a["gpus"].items():
+            if uuid in gpus:
+                gpus[uuid].append(use)
+            else:
+                gpus[uuid] = [use]
+    return Usage(cpu, memory, ports, udp_ports, gpus)
+
+
+def remaining_resources(registered: list[dict], used: Usage) -> list[dict]:
     out = []
     for r in registered:
         r = dict(r)
         if r["name"] == "CPU":
-            r["integerValue"] = r["integerValue"] - sum(a["cpu"] for a in allocs)
+            r["integerValue"] = r["integerValue"] - used.cpu
         elif r["name"] == "MEMORY":
-            r["integerValue"] = r["integerValue"] - sum(a["memory"] for a in allocs)
+            r["integerValue"] = r["integerValue"] - used.memory
         elif r["name"] == "PORTS":
-            r["stringSetValue"] = sorted({*r["stringSetValue"], *(p for a in allocs for p in a["ports"])}, key=int)
+            r["stringSetValue"] = sorted({*r["stringSetValue"], *used.ports}, key=int)
         elif r["name"] == "PORTS_UDP":
-            r["stringSetValue"] = sorted({*r["stringSetValue"], *(p for a in allocs for p in a["udpPorts"])},
-                                         key=int)
+            r["stringSetValue"] = sorted({*r["stringSetValue"], *used.udp_ports}, key=int)
         elif r["name"] == "GPU":
-            taken = {u for a in allocs for u in a["gpus"]}
-            r["stringSetValue"] = [u for u in r["stringSetValue"] if u not in taken]
+            r["stringSetValue"] = [u for u in r["stringSetValue"] if u not in used.gpus]
         out.append(r)
     return out
 
 
-def gpu_devices(devices: list[dict], allocations: dict[str, dict]) -> list[dict]:
+def gpu_devices(devices: list[dict], used: Usage) -> list[dict]:
     """The host's gpuDevices: sharingMode, containerCount and remainingMemoryInMiB per GPU."""
     out = []
     for dev in devices:
-        uses = [a["gpus"][dev["gpuId"]] for a in allocations.values() if dev["gpuId"] in a["gpus"]]
+        uses = used.gpus.get(dev["gpuId"], [])
         mode = IDLE if not uses else (MPS if uses[0]["mode"] == "mps" else DEDICATED)
         total = dev.get("totalMemoryInMiB", 0)
-        used = total if mode == DEDICATED else sum(u.get("memory", 0) for u in uses)
+        taken = total if mode == DEDICATED else sum(u.get("memory", 0) for u in uses)
         out.append({**dev, "sharingMode": mode, "containerCount": sum(u["containers"] for u in uses),
-                    "remainingMemoryInMiB": total - used})
+                    "remainingMemoryInMiB": total - taken})
     return out
 
 
@@ -119,10 +146,10 @@ class HostCapacity:
     allocations: dict[str, dict]
 
     def remaining(self) -> list[dict]:
-        return remaining_resources(self.registered, self.allocations)
+        return remaining_resources(self.registered, usage(self.allocations))
 
     def devices_now(self) -> list[dict]:
-        return gpu_devices(self.devices, self.allocations)
+        return gpu_devices(self.devices, usage(self.allocations))
 
     def groups(self) -> tuple[str, ...]:
         return tuple(a.get("group", "") for a in self.allocations.values())
