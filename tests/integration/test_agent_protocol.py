@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support import wait_for
+from tests.support import ServerProcess, wait_for
 
 HEALTHY = {"CONTAINER_RUNTIME": {"status": "OK"}}
 GPU_MEMORY = 24576
@@ -476,6 +477,26 @@ class PendingPoll:
         assert self.response is not None, "the poll did not return"
         assert self.response.status_code == 200, self.response.text
         return self.response.json()
+
+
+def test_a_server_shutting_down_answers_the_long_polls_waiting_on_it(tmp_path, unique):
+    """SIGTERM: a waiting long-poll gets its answer (the host's current state), rather than
+    waiting out the grace period and having its connection cut; nothing is logged as an error."""
+    (tmp_path / "data").mkdir()
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        cluster, _ = make_cluster(server.client("ecs"), unique)
+        _, token = register_host(server, cluster)
+        first = poll(server, token).json()
+        waiting = PendingPoll(server, token, first["version"], wait=60)
+        server.proc.terminate()
+        answer = waiting.result()
+        assert answer["version"] == first["version"] and answer["status"] == "ACTIVE"
+        assert server.proc.wait(15) == 0
+    finally:
+        server.stop()
+    log = Path(server.log.name).read_text()
+    assert "Exception in ASGI application" not in log and "Cancel" not in log, log[-3000:]
 
 
 def test_long_poll_wakes_on_a_change(server, ecs, unique):

@@ -87,4 +87,5 @@ def create_app(settings: Settings, store: Store | None = None, capacity=None):
         else:
             await app(scope, receive, send)
 
+    shoal.end_long_polls = hub.signals.close  # for the server, when it starts shutting down
     return shoal

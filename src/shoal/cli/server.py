@@ -42,6 +42,20 @@ def tune_gc() -> None:
     gctune.tune()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which first has the agents' long-polls answer when it shuts down:
+    otherwise each waits out the grace period and is cancelled (a connection cut, and a
+    traceback in the log for every connected host)."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
+
 def _serve(settings: Settings, host: str, port: int, on_ready=None, capacity=None) -> None:
     from shoal.api.app import create_app
 
@@ -54,7 +68,7 @@ def _serve(settings: Settings, host: str, port: int, on_ready=None, capacity=Non
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             loop="auto", http="auto", lifespan="on",
                             timeout_graceful_shutdown=2)  # agents' long-polls must not hold a shutdown
-    srv = uvicorn.Server(config)
+    srv = _Server(config, on_shutdown=app.end_long_polls)
 
     async def main():
         serving = asyncio.create_task(srv.serve())

@@ -17,6 +17,7 @@ import secrets
 class HostSignals:
     def __init__(self) -> None:
         self.boot = secrets.token_hex(4)
+        self.closing = False
         self._versions: dict[str, int] = {}
         self._waiters: dict[str, set[asyncio.Future]] = {}
 
@@ -34,13 +35,13 @@ class HostSignals:
     async def wait(self, host_arn: str, since: str | None, timeout: float) -> bool:
         """Return when the host's token differs from `since`, or after `timeout` seconds; True if
         a change came while waiting (not one that was there already, nor a timeout)."""
-        if since != self.token(host_arn):
+        if since != self.token(host_arn) or self.closing:
             return False
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(host_arn, set()).add(waiter)
         try:
             await asyncio.wait_for(waiter, timeout)
-            return True
+            return not self.closing
         except asyncio.TimeoutError:
             return False
         finally:
@@ -49,3 +50,13 @@ class HostSignals:
                 waiting.discard(waiter)
                 if not waiting:
                     del self._waiters[host_arn]
+
+    def close(self) -> None:
+        """The server is shutting down: every long-poll answers now, and any new one at once,
+        rather than being cancelled when the grace period ends (the agent, answered, simply
+        polls again, and finds the next server)."""
+        self.closing = True
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
