@@ -8,6 +8,7 @@ is feasible (and never when none is), and the incremental arrays always equal a 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -158,6 +159,54 @@ def test_never_overcommits_never_violates_a_constraint_and_places_when_some_host
         else:
             assert isinstance(decision, str) and decision, decision
         check_table_consistent(table)
+
+
+def reference_choice(fleet: list[HostInfo], feasible: set[str], strategies: list[dict], group: str) -> str:
+    """The host the strategies pick, host by host: each keeps its best candidates for the next,
+    and a final tie goes to the host registered first (the fleet's order)."""
+    candidates = [h for h in fleet if h.arn in feasible]
+
+    def tasks_of_group(h: HostInfo) -> int:
+        return sum(a.get("group", "") == group for a in h.allocations.values())
+
+    for s in strategies or [{"type": "fewest tasks"}]:
+        field = (s.get("field") or "").lower()
+        if s["type"] == "binpack":
+            def key(h, resource="cpu" if field == "cpu" else "memory"):
+                return getattr(h, resource) - sum(a[resource] for a in h.allocations.values())
+        elif s["type"] == "spread" and field.startswith("attribute:"):
+            name = field[len("attribute:"):]
+            per_value: dict = {}
+            for h in fleet:  # every host of the table counts, candidate or not
+                value = h.attributes.get(name, "<missing>")  # hosts without it: one more value
+                per_value[value] = per_value.get(value, 0) + tasks_of_group(h)
+
+            def key(h, name=name, per_value=per_value):
+                return per_value[h.attributes.get(name, "<missing>")]
+        elif s["type"] == "spread":
+            key = tasks_of_group
+        else:
+            def key(h):
+                return len(h.allocations)
+        best = min(key(h) for h in candidates)
+        candidates = [h for h in candidates if key(h) == best]
+    return candidates[0].arn
+
+
+@given(hosts(), plans(), st.sampled_from(GROUPS), st.lists(demands(), min_size=1, max_size=25))
+def test_the_strategies_choose_the_host_a_per_host_reference_chooses(fleet, placement, group, stream):
+    """A batch as RunTask or a service places it: one plan and one group for every task."""
+    placement = {**placement, "placementStrategy": [s for s in placement["placementStrategy"] if s["type"] != "random"]}
+    plan = Plan.compile(placement)
+    table = HostTable()
+    for h in fleet:
+        table.upsert(h)
+    for n, need in enumerate(stream):
+        need = dataclasses.replace(need, group=group)
+        feasible = {h.arn for h in fleet if reference_fit(h, need, placement)}
+        expected = reference_choice(fleet, feasible, placement["placementStrategy"], group) if feasible else None
+        decision = table.place(f"task-{n}", need, plan)
+        assert (decision.arn if isinstance(decision, Decision) else None) == expected, (placement, need)
 
 
 @given(hosts(), st.lists(demands(), min_size=1, max_size=20), st.randoms())

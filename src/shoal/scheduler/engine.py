@@ -185,7 +185,8 @@ class HostTable(HostColumns):
         """Strategies in order, each keeping its best candidates for the next; the first slot
         (earliest registered) wins a final tie. No strategy: fewest tasks on the host."""
         n = self.size
-        for kind, fld in strategies or (("spread", "\0running"),):
+        strategies = strategies or (("spread", "\0running"),)
+        for step, (kind, fld) in enumerate(strategies):
             if kind == "random":
                 idx = np.flatnonzero(ok)
                 return int(idx[self.rng.randrange(len(idx))])
@@ -201,6 +202,8 @@ class HostTable(HostColumns):
             else:
                 continue
             keyed = np.where(ok, score, UNCHOSEN)
+            if step == len(strategies) - 1:  # the last strategy: the first slot with the best score
+                return int(keyed.argmin())
             ok = ok & (score == keyed.min())
         return int(ok.argmax())  # the first True
 
@@ -208,23 +211,33 @@ class HostTable(HostColumns):
         """Keep the candidates on the attribute values (zones, say) holding the fewest of the
         group's tasks; hosts without the attribute count as one more value."""
         counts = self._spread_counts(group, name).tolist()  # a handful of values: plain Python
-        masks = self._value_masks(name)
-        for level in sorted(set(counts)):
-            values = [v for v, c in enumerate(counts) if c == level]
-            keep = ok & (masks[values[0]] if len(values) == 1 else masks[values].any(axis=0))
+        masks, present = self._value_masks(name)
+        levels: dict[int, list[int]] = {}
+        for v in present:
+            levels.setdefault(counts[v], []).append(v)
+        for level in sorted(levels):
+            values = levels[level]
+            if len(values) == len(present):  # every value ties: the strategy leaves the candidates as they are
+                return ok
+            chosen = masks[values[0]]
+            for v in values[1:]:
+                chosen = chosen | masks[v]
+            keep = ok & chosen
             if keep.any():
                 return keep
         return ok
 
-    def _value_masks(self, name: str) -> np.ndarray:
-        """One host mask per value of the attribute (the last row: hosts without it)."""
-        masks = self._value_masks_cache.get(name)
-        if masks is None:
+    def _value_masks(self, name: str) -> tuple[np.ndarray, list[int]]:
+        """One host mask per value of the attribute (the last row: hosts without it), and the
+        values some host has."""
+        found = self._value_masks_cache.get(name)
+        if found is None:
             column = self._column(name)
             codes = column.codes[:self.size]
             bucket = np.where(codes >= 0, codes, len(column.values))
-            masks = self._value_masks_cache[name] = bucket[None, :] == np.arange(len(column.values) + 1)[:, None]
-        return masks
+            masks = bucket[None, :] == np.arange(len(column.values) + 1)[:, None]
+            found = self._value_masks_cache[name] = (masks, np.flatnonzero(masks.any(axis=1)).tolist())
+        return found
 
     def _spread_counts(self, group: str, name: str) -> np.ndarray:
         """The group's tasks per value of the attribute (the last entry: hosts without it), kept

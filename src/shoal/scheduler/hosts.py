@@ -88,7 +88,7 @@ class HostColumns:
         self.rng = rng or random.Random()
         self._static: dict[tuple, np.ndarray] = {}
         self._spread: dict[tuple[str, str], np.ndarray] = {}  # (group, attribute) -> tasks per value code
-        self._value_masks_cache: dict[str, np.ndarray] = {}  # attribute -> one host mask per value
+        self._value_masks_cache: dict[str, tuple] = {}  # attribute -> one host mask per value, values present
         self._alloc_arrays(capacity, gpus_per_host)
 
     # -- storage --------------------------------------------------------------------------------
