@@ -14,8 +14,12 @@ on memory, and one memberOf constraint that selects its kind of host.
    hosts through the agent protocol); the hosts join, then `--e2e-tasks` tasks are placed
    (a) by RunTask calls of count 10 from `--clients` boto3 threads, and (b) by one CreateService
    whose desiredCount is the rest, as a service scale-up does. Reported: tasks placed per
-   second, RunTask call latency, the service's time until every task has a host, and the peak
-   RSS of the server.
+   second of each part and of the whole (every task placed, over the time both parts took),
+   RunTask call latency, the services' time until every task has a host, and the peak RSS of
+   the server. RunTask throughput depends on how many calls are in flight: the server commits
+   the calls that arrive together as one batch, so a few callers pay a commit (and a poll per
+   host) for few tasks. The default, 32 callers, is about where this machine peaks (see
+   BENCHMARKS.md for the curve); `--clients` changes it.
 
 Prints one JSON object on stdout (progress on stderr). Results: BENCHMARKS.md.
 """
@@ -317,7 +321,7 @@ def bench_run_task(rig: Rig, families: dict, tasks: int, clients: int, seed: int
     with ThreadPoolExecutor(clients) as pool:
         placed = sum(pool.map(call, range(len(kinds))))
     elapsed = time.perf_counter() - started
-    return {"tasks": len(kinds) * 10, "placed_at_once": placed, "clients": clients,
+    return {"tasks": len(kinds) * 10, "placed_at_once": placed, "clients": clients, "elapsed_s": round(elapsed, 2),
             "placements_per_s": round(placed / elapsed), "call_p50_ms": round(percentile(latencies, 50) * 1000, 1),
             "call_p99_ms": round(percentile(latencies, 99) * 1000, 1)}
 
@@ -373,8 +377,11 @@ def bench_e2e(hosts: int, run_task_tasks: int, service_tasks: int, clients: int,
         run_task["cpu_s"] = cpu
         say(f"services: {service_tasks} tasks")
         services = bench_services(rig, families, service_tasks)
+        placed = run_task["placed_at_once"] + services["placed"]
         return {"hosts": hosts, "task_start_delay_s": start_delay,
-                "fleet_active_after_s": round(active_after, 1), "run_task": run_task,
+                "fleet_active_after_s": round(active_after, 1),
+                "placements_per_s": round(placed / (run_task["elapsed_s"] + services["all_placed_after_s"])),
+                "run_task": run_task,
                 "services": services, "server_peak_rss_mib": peak_rss_mib(rig.server.pid),
                 "sim_peak_rss_mib": peak_rss_mib(rig.sim.pid)}
     finally:
@@ -387,7 +394,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks placed by the engine alone")
     parser.add_argument("--e2e-tasks", type=int, default=100_000,
                         help="tasks placed end to end: half by RunTask, half by services")
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=32, help="RunTask calls in flight (boto3 threads)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--start-delay", type=float, default=0.2,
                         help="the simulated hosts start a placed task within this many seconds; a long delay "
