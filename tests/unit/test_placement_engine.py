@@ -3,7 +3,8 @@ reference code: HostCapacity.fit for resources and query.Expr.matches for constr
 
 For random fleets, task streams and placement plans: no resource or GPU memory is ever
 over-committed, no constraint is ever violated, a single task is always placed when some host
-is feasible (and never when none is), and the incremental arrays always equal a rebuild.
+is feasible (and never when none is), the incremental arrays always equal a rebuild, and the
+host chosen is the one the strategies pick host by host.
 """
 
 from __future__ import annotations

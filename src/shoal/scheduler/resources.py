@@ -80,11 +80,11 @@ class Usage:
     """What a host's allocations take together, summed in one pass over them (a full host holds
     a hundred or more: one pass rather than one per resource and per GPU)."""
 
-    cpu: int = 0
-    memory: int = 0
-    ports: set[str] = field(default_factory=set)
-    udp_ports: set[str] = field(default_factory=set)
-    gpus: dict[str, list[dict]] = field(default_factory=dict)  # GPU UUID -> its uses, in allocation order
+    cpu: int
+    memory: int
+    ports: set[str]
+    udp_ports: set[str]
+    gpus: dict[str, list[dict]]  # GPU UUID -> its uses, in allocation order
 
 
 def usage(allocations: dict[str, dict]) -> Usage:
