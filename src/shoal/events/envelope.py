@@ -52,19 +52,21 @@ def event_detail(doc: dict, drop: tuple[str, ...] = ("tags",)) -> dict:
     """A resource document in event form: ISO timestamps, API-only fields dropped."""
 
     # Every event converts a whole document: leaves are handled in their container's loop
-    # rather than by a call each (a task document has a hundred or so).
+    # rather than by a call each (a task document has a hundred or so), and by exact type
+    # (documents are plain JSON values), which is cheaper than isinstance.
     def convert(value):
-        if isinstance(value, dict):
+        if type(value) is dict:
             out = {}
             for k, v in value.items():
                 if k in drop:
                     continue
-                if isinstance(v, dict | list):
+                kind = type(v)
+                if kind is dict or kind is list:
                     v = convert(v)
-                elif k in _TIMESTAMP_FIELDS and isinstance(v, int | float):
+                elif k in _TIMESTAMP_FIELDS and (kind is float or kind is int):
                     v = iso(v)
                 out[k] = v
             return out
-        return [convert(v) if isinstance(v, dict | list) else v for v in value]
+        return [convert(v) if type(v) is dict or type(v) is list else v for v in value]
 
-    return convert(doc) if isinstance(doc, dict | list) else doc
+    return convert(doc) if type(doc) is dict or type(doc) is list else doc
