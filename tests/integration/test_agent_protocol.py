@@ -482,7 +482,6 @@ class PendingPoll:
 def test_a_server_shutting_down_answers_the_long_polls_waiting_on_it(tmp_path, unique):
     """SIGTERM: a waiting long-poll gets its answer (the host's current state), rather than
     waiting out the grace period and having its connection cut; nothing is logged as an error."""
-    (tmp_path / "data").mkdir()
     server = ServerProcess(tmp_path / "data").start()
     try:
         cluster, _ = make_cluster(server.client("ecs"), unique)

@@ -156,7 +156,8 @@ class HostCapacity:
 
     def fit(self, d: Demand) -> tuple[dict | None, dict[str, list[str]], str | None]:
         """(allocation, gpu ids per container, None) if the task fits here, else (None, {}, reason)."""
-        left = self.remaining()
+        taken = usage(self.allocations)
+        left = remaining_resources(self.registered, taken)
         if d.cpu > _resource(left, "CPU", 0):
             return None, {}, "RESOURCE:CPU"
         if d.memory > _resource(left, "MEMORY", 0):
@@ -168,7 +169,7 @@ class HostCapacity:
         if len(set(d.udp_ports)) != len(d.udp_ports) or used_udp & set(d.udp_ports):
             return None, {}, "RESOURCE:PORTS_UDP"
         gpus, ids = {}, {}
-        devices = self.devices_now()
+        devices = gpu_devices(self.devices, taken)
         if d.whole_gpus:
             idle = [g["gpuId"] for g in devices if g["sharingMode"] == IDLE]
             if any(n == ALL_GPUS for n in d.whole_gpus.values()) and len(idle) != len(devices):
